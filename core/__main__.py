@@ -1,0 +1,5 @@
+import sys
+
+from schedlock.cli import main
+
+sys.exit(main())

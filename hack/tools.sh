@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# Build or install the pinned test tools into a per-machine cache outside the repo.
+#
+#   hack/tools.sh ensure [TOOL...]   build/install what is missing (default: all), print progress
+#   hack/tools.sh bindir TOOL        print the directory holding TOOL's binaries
+#   hack/tools.sh env                print `export` lines that put every tool on PATH
+#
+# Tools and where they come from:
+#   kube-apiserver, kubectl  k8s.io/kubernetes (Go module; a wrapper module pins the staging modules)
+#   etcd                     go.etcd.io/etcd/server/v3 (Go module; a wrapper main calls etcdmain)
+#   helm                     helm.sh/helm/v3 (Go module)
+#   prometheus, promtool     Debian's `prometheus` package
+#   pgbouncer                Debian's `pgbouncer` package
+#
+# KUBEBUILDER_ASSETS (the envtest convention) wins for kube-apiserver/etcd/kubectl when set.
+# The cache is keyed by version, so bumping a pin below builds the new version once per machine.
+set -euo pipefail
+
+KUBERNETES_VERSION="v1.34.4"
+ETCD_VERSION="v3.6.5"
+HELM_VERSION="v3.19.0"
+
+CACHE="${SCHEDLOCK_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/schedlock/tools}"
+
+log() { printf '[tools %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+bindir() {
+  case "$1" in
+    kube-apiserver|kubectl|etcd)
+      if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then echo "$KUBEBUILDER_ASSETS"; return; fi
+      case "$1" in
+        etcd) echo "$CACHE/etcd-$ETCD_VERSION/bin" ;;
+        *) echo "$CACHE/kubernetes-$KUBERNETES_VERSION/bin" ;;
+      esac ;;
+    helm) echo "$CACHE/helm-$HELM_VERSION/bin" ;;
+    prometheus|promtool|pgbouncer) echo "/usr/bin" ;;
+    *) echo "unknown tool: $1" >&2; return 2 ;;
+  esac
+}
+
+need_go() {
+  command -v go >/dev/null || {
+    echo "error: Go is needed to build $1 (or point KUBEBUILDER_ASSETS at prebuilt kube-apiserver/etcd/kubectl)" >&2
+    exit 2
+  }
+}
+
+# go_build OUTDIR LABEL GO_MOD_BODY FILENAME:GO_SOURCE PACKAGE...
+go_build() {
+  local out="$1" name="$2" gomod="$3" source="$4"; shift 4
+  local work
+  work="$(mktemp -d)"
+
+  printf '%s\n' "$gomod" >"$work/go.mod"
+  printf '%s\n' "${source#*:}" >"$work/${source%%:*}"
+  (
+    cd "$work"
+    export GOFLAGS="-mod=mod" CGO_ENABLED=0
+    log "$name: resolving modules (first time downloads several hundred MB)"
+    go mod tidy >/dev/null 2>"$work/tidy.log" || { cat "$work/tidy.log" >&2; exit 1; }
+    mkdir -p "$out.tmp"
+    for pkg in "$@"; do
+      log "$name: go build $pkg (first time takes minutes)"
+      go build -trimpath -ldflags="-s -w" -o "$out.tmp/" "$pkg"
+    done
+  )
+  rm -rf "$out" "$work"
+  mv "$out.tmp" "$out"
+}
+
+build_kubernetes() {
+  local dir="$CACHE/kubernetes-$KUBERNETES_VERSION/bin"
+  [[ -x "$dir/kube-apiserver" && -x "$dir/kubectl" ]] && return 0
+  need_go kube-apiserver
+  local staging="v0.${KUBERNETES_VERSION#v1.}"
+  log "kubernetes $KUBERNETES_VERSION: reading its go.mod to pin the staging modules to $staging"
+  local gomodfile
+  gomodfile="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  local replaces
+  replaces="$(python3 - "$gomodfile" "$staging" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+mods = sorted(set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", text, re.M)))
+print("\n".join(f"replace {m} => {m} {sys.argv[2]}" for m in mods))
+EOF
+)"
+  local gomod="module schedlock.dev/tools/kubernetes
+
+go 1.24
+
+require k8s.io/kubernetes $KUBERNETES_VERSION
+
+$replaces"
+  # tools.go (build tag `tools`) keeps `go mod tidy` resolving what the builds need.
+  local tools='//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)'
+  go_build "$dir" "kubernetes $KUBERNETES_VERSION" "$gomod" "tools.go:$tools" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+}
+
+build_etcd() {
+  local dir="$CACHE/etcd-$ETCD_VERSION/bin"
+  [[ -x "$dir/etcd" ]] && return 0
+  need_go etcd
+  local gomod="module schedlock.dev/tools/etcd
+
+go 1.24
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+  local main='package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }'
+  go_build "$dir.etcd" "etcd $ETCD_VERSION" "$gomod" "main.go:$main" .
+  mkdir -p "$dir"
+  mv "$dir.etcd/etcd" "$dir/etcd" 2>/dev/null || mv "$dir.etcd/"* "$dir/etcd"
+  rm -rf "$dir.etcd"
+}
+
+build_helm() {
+  local dir="$CACHE/helm-$HELM_VERSION/bin"
+  [[ -x "$dir/helm" ]] && return 0
+  need_go helm
+  local gomod="module schedlock.dev/tools/helm
+
+go 1.24
+
+require helm.sh/helm/v3 $HELM_VERSION"
+  local tools='//go:build tools
+
+package tools
+
+import _ "helm.sh/helm/v3/cmd/helm"'
+  go_build "$dir" "helm $HELM_VERSION" "$gomod" "tools.go:$tools" helm.sh/helm/v3/cmd/helm
+}
+
+install_debian() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  command -v apt-get >/dev/null || { echo "error: install ${missing[*]} (Debian packages) by hand" >&2; exit 2; }
+  local sudo=""
+  [[ "$(id -u)" -ne 0 ]] && sudo="sudo"
+  log "apt-get install ${missing[*]}"
+  $sudo apt-get update -qq >/dev/null
+  # policy-rc.d keeps the packages' own services from starting: tests start their own instances.
+  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  for svc in prometheus pgbouncer; do
+    command -v service >/dev/null && $sudo service "$svc" stop >/dev/null 2>&1 || true
+  done
+}
+
+ensure() {
+  local tools=("$@")
+  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm prometheus pgbouncer)
+  for t in "${tools[@]}"; do
+    case "$t" in
+      kube-apiserver|kubectl)
+        if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
+          [[ -x "$KUBEBUILDER_ASSETS/$t" ]] || { echo "error: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no $t" >&2; exit 2; }
+        else build_kubernetes; fi ;;
+      etcd)
+        if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
+          [[ -x "$KUBEBUILDER_ASSETS/etcd" ]] || { echo "error: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no etcd" >&2; exit 2; }
+        else build_etcd; fi ;;
+      helm) build_helm ;;
+      prometheus|promtool) install_debian prometheus ;;
+      pgbouncer) install_debian pgbouncer ;;
+      *) echo "unknown tool: $t" >&2; exit 2 ;;
+    esac
+  done
+}
+
+env_lines() {
+  local dirs=()
+  for t in kube-apiserver etcd helm; do dirs+=("$(bindir "$t")"); done
+  local path
+  path="$(printf '%s:' "${dirs[@]}")"
+  echo "export PATH=\"${path}\$PATH\""
+}
+
+cmd="${1:-ensure}"
+shift || true
+case "$cmd" in
+  ensure) ensure "$@" ;;
+  bindir) bindir "$1" ;;
+  env) env_lines ;;
+  *) echo "usage: hack/tools.sh ensure [TOOL...] | bindir TOOL | env" >&2; exit 2 ;;
+esac
