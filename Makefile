@@ -54,12 +54,12 @@ fmt: venv ## format and autofix
 
 .PHONY: test-unit
 test-unit: venv ## fast pure-logic tests, nothing running
-	@$(PY) -m pytest -m unit -q $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest -m unit -q $(PYTEST_ARGS)
 
 .PHONY: test
 test: venv tools lint ## install everything, run the whole suite (unit, integration, e2e), clean up
 	@echo "==> pytest: unit, integration and e2e against real PostgreSQL, PgBouncer, kube-apiserver, helm, Prometheus"
-	@$(PY) -m pytest -q $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 .PHONY: dev-up
 dev-up: venv tools ## start the local stack (Postgres, kube-apiserver, etcd) in the background

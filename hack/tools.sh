@@ -19,6 +19,8 @@ set -euo pipefail
 KUBERNETES_VERSION="v1.34.4"
 ETCD_VERSION="v3.6.5"
 HELM_VERSION="v3.19.0"
+# Bump when the build recipe changes (ldflags…): the cache is keyed by version and this revision.
+RECIPE="r2"
 
 CACHE="${SCHEDLOCK_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/schedlock/tools}"
 
@@ -29,10 +31,10 @@ bindir() {
     kube-apiserver|kubectl|etcd)
       if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then echo "$KUBEBUILDER_ASSETS"; return; fi
       case "$1" in
-        etcd) echo "$CACHE/etcd-$ETCD_VERSION/bin" ;;
-        *) echo "$CACHE/kubernetes-$KUBERNETES_VERSION/bin" ;;
+        etcd) echo "$CACHE/etcd-$ETCD_VERSION-$RECIPE/bin" ;;
+        *) echo "$CACHE/kubernetes-$KUBERNETES_VERSION-$RECIPE/bin" ;;
       esac ;;
-    helm) echo "$CACHE/helm-$HELM_VERSION/bin" ;;
+    helm) echo "$CACHE/helm-$HELM_VERSION-$RECIPE/bin" ;;
     prometheus|promtool|pgbouncer) echo "/usr/bin" ;;
     *) echo "unknown tool: $1" >&2; return 2 ;;
   esac
@@ -45,9 +47,9 @@ need_go() {
   }
 }
 
-# go_build OUTDIR LABEL GO_MOD_BODY FILENAME:GO_SOURCE PACKAGE...
+# go_build OUTDIR LABEL GO_MOD_BODY FILENAME:GO_SOURCE LDFLAGS PACKAGE...
 go_build() {
-  local out="$1" name="$2" gomod="$3" source="$4"; shift 4
+  local out="$1" name="$2" gomod="$3" source="$4" ldflags="$5"; shift 5
   local work
   work="$(mktemp -d)"
 
@@ -61,7 +63,7 @@ go_build() {
     mkdir -p "$out.tmp"
     for pkg in "$@"; do
       log "$name: go build $pkg (first time takes minutes)"
-      go build -trimpath -ldflags="-s -w" -o "$out.tmp/" "$pkg"
+      go build -trimpath -ldflags="-s -w $ldflags" -o "$out.tmp/" "$pkg"
     done
   )
   rm -rf "$out" "$work"
@@ -69,7 +71,7 @@ go_build() {
 }
 
 build_kubernetes() {
-  local dir="$CACHE/kubernetes-$KUBERNETES_VERSION/bin"
+  local dir; dir="$(bindir kube-apiserver)"
   [[ -x "$dir/kube-apiserver" && -x "$dir/kubectl" ]] && return 0
   need_go kube-apiserver
   local staging="v0.${KUBERNETES_VERSION#v1.}"
@@ -100,12 +102,19 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )'
-  go_build "$dir" "kubernetes $KUBERNETES_VERSION" "$gomod" "tools.go:$tools" \
+  # Without these the binaries report v0.0.0 and Helm's kubeVersion checks fail.
+  local minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+  local ld="" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  go_build "$dir" "kubernetes $KUBERNETES_VERSION" "$gomod" "tools.go:$tools" "$ld" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
 }
 
 build_etcd() {
-  local dir="$CACHE/etcd-$ETCD_VERSION/bin"
+  local dir; dir="$(bindir etcd)"
   [[ -x "$dir/etcd" ]] && return 0
   need_go etcd
   local gomod="module schedlock.dev/tools/etcd
@@ -122,14 +131,14 @@ import (
 )
 
 func main() { etcdmain.Main(os.Args) }'
-  go_build "$dir.etcd" "etcd $ETCD_VERSION" "$gomod" "main.go:$main" .
+  go_build "$dir.etcd" "etcd $ETCD_VERSION" "$gomod" "main.go:$main" "" .
   mkdir -p "$dir"
   mv "$dir.etcd/etcd" "$dir/etcd" 2>/dev/null || mv "$dir.etcd/"* "$dir/etcd"
   rm -rf "$dir.etcd"
 }
 
 build_helm() {
-  local dir="$CACHE/helm-$HELM_VERSION/bin"
+  local dir; dir="$(bindir helm)"
   [[ -x "$dir/helm" ]] && return 0
   need_go helm
   local gomod="module schedlock.dev/tools/helm
@@ -142,7 +151,13 @@ require helm.sh/helm/v3 $HELM_VERSION"
 package tools
 
 import _ "helm.sh/helm/v3/cmd/helm"'
-  go_build "$dir" "helm $HELM_VERSION" "$gomod" "tools.go:$tools" helm.sh/helm/v3/cmd/helm
+  # Helm's own Makefile stamps its version and the Kubernetes version it targets.
+  local k8sminor="${KUBERNETES_VERSION#v1.}"; k8sminor="${k8sminor%%.*}"
+  local ld="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8sminor"
+  done
+  go_build "$dir" "helm $HELM_VERSION" "$gomod" "tools.go:$tools" "$ld" helm.sh/helm/v3/cmd/helm
 }
 
 install_debian() {
