@@ -33,12 +33,14 @@ def test_stdlib_operator_is_not_shadowed() -> None:
 def test_folders_map_to_namespaced_import_names() -> None:
     core = importlib.import_module("schedlock.settings")
     sidecar = importlib.import_module("schedlock.sidecar")
-    op = importlib.import_module("schedlock.operator")
     assert Path(core.__file__ or "").resolve().parent == REPO / "core"
     assert Path(sidecar.__file__ or "").resolve().parent == REPO / "sidecar"
-    # operator/ is a namespace portion on purpose (see operator/README.md).
-    assert op.__file__ is None
-    assert [Path(p).name for p in op.__path__] == ["operator"]
+    # operator/ is a namespace portion on purpose (see operator/README.md): no __init__.py,
+    # and every module in it is importable as schedlock.operator.<module>.
+    assert not (REPO / "operator" / "__init__.py").exists()
+    for module in sorted((REPO / "operator").glob("*.py")):
+        imported = importlib.import_module(f"schedlock.operator.{module.stem}")
+        assert Path(imported.__file__ or "").resolve() == module
 
 
 def test_repo_root_on_sys_path_never_shadows_stdlib() -> None:
