@@ -25,8 +25,11 @@ PROLOG = (
 
 
 def _registrars() -> list[Registrar]:
-    """Subcommand registrars, imported lazily so ``--help`` stays fast."""
-    return []
+    """Subcommand registrars, in the order ``--help`` lists them."""
+    from schedlock import admin
+    from schedlock.sidecar import app as sidecar_app
+
+    return [sidecar_app.add_parser, admin.add_parsers]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -86,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
         )
 
 
-def build(cls: type[T], args: argparse.Namespace | None, environ: Mapping[str, str] | None = None) -> T:
+def build(
+    cls: type[T], args: argparse.Namespace | None, environ: Mapping[str, str] | None = None
+) -> T:
     """Resolve every setting (flag > env > default), parse, then run ``cls.validate``."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
@@ -175,14 +177,16 @@ def http_url(raw: str) -> str:
 
 
 def database_url(raw: str) -> str:
-    """``postgresql://…`` / ``postgres://…`` or ``sqlite:///path`` (``sqlite:///:memory:`` is refused)."""
+    """``postgresql://…``/``postgres://…`` or ``sqlite:///path`` (not ``sqlite:///:memory:``)."""
     value = raw.strip()
     scheme = value.split(":", 1)[0].lower()
     if scheme in ("postgresql", "postgres"):
         return value
     if scheme == "sqlite":
         if not value.startswith("sqlite:///") or value == "sqlite:///" or ":memory:" in value:
-            raise ValueError("sqlite URLs look like sqlite:///relative/path.db or sqlite:////abs/path.db")
+            raise ValueError(
+                "sqlite URLs look like sqlite:///relative/path.db or sqlite:////abs/path.db"
+            )
         return value
     redacted = re.sub(r"//[^@/]*@", "//***@", value)
     raise ValueError(f"must be a postgresql://… or sqlite:///path URL, got {redacted!r}")

@@ -1,0 +1,145 @@
+"""The database contract: the one module that talks to PostgreSQL or SQLite.
+
+Domain verbs only — callers never see SQL or a driver.  :func:`open_store` picks the backend
+from the URL (``postgresql://…`` or ``sqlite:///path``).  The SQL lives as named queries in
+``queries/<dialect>.sql``; migrations in ``migrations/NNNN_name.<dialect>.sql`` have the same
+ids and order on both dialects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from schedlock.store.errors import (
+    LeadershipLost,
+    LockKeyCollision,
+    SchemaError,
+    SchemaNotCurrent,
+    SchemaTooNew,
+    StoreError,
+    StoreUnavailable,
+    UnlockFailed,
+    UnsafeConnection,
+)
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID, SCHEDULERS, LockKey
+from schedlock.store.models import (
+    ClaimResult,
+    Completion,
+    DueSchedule,
+    FireRow,
+    Heartbeat,
+    KeyStatus,
+    PublishRecord,
+    PublishSpec,
+    ScheduleSpec,
+    SchemaStatus,
+    TermStart,
+    UpsertResult,
+)
+
+ROWS_CHANNEL = "schedlock_rows"
+OUTCOMES_CHANNEL = "schedlock_outcomes"
+
+__all__ = [
+    "OUTCOMES_CHANNEL",
+    "ROWS_CHANNEL",
+    "SCHEDLOCK_CLASS_ID",
+    "SCHEDULERS",
+    "ClaimResult",
+    "Completion",
+    "DueSchedule",
+    "FireRow",
+    "Heartbeat",
+    "KeyStatus",
+    "LeadershipLost",
+    "LockKey",
+    "LockKeyCollision",
+    "LockSession",
+    "PublishRecord",
+    "PublishSpec",
+    "ScheduleSpec",
+    "SchemaError",
+    "SchemaNotCurrent",
+    "SchemaStatus",
+    "SchemaTooNew",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "TermStart",
+    "UnlockFailed",
+    "UnsafeConnection",
+    "UpsertResult",
+    "open_store",
+]
+
+
+class LockSession(Protocol):
+    """A dedicated session for one lock key (``schedlock.sidecar.lock`` has the state machine)."""
+
+    key: LockKey
+    holder: str
+
+    @property
+    def connected(self) -> bool: ...
+    async def connect(self) -> None: ...
+    async def close(self) -> None: ...
+    async def acquire(self) -> None: ...
+    async def try_acquire(self) -> bool: ...
+    async def begin_term(self) -> TermStart: ...
+    async def heartbeat(self, term: int) -> Heartbeat: ...
+    async def release(self, term: int | None) -> None: ...
+    async def adopt_orphans(self, term: int) -> list[FireRow]: ...
+    async def claim_due(self, term: int, limit: int) -> ClaimResult: ...
+    async def complete(self, term: int, completions: Sequence[Completion]) -> int: ...
+    async def due_schedules(self, limit: int) -> list[DueSchedule]: ...
+    async def next_slot_in(self) -> float | None: ...
+    async def insert_slot(
+        self, term: int, schedule_id: int, slot_uid: str, slot_at: datetime
+    ) -> bool: ...
+    async def advance_schedule(
+        self,
+        term: int,
+        schedule_id: int,
+        *,
+        watermark_at: datetime,
+        next_slot_at: datetime,
+        fired_slot_at: datetime | None,
+    ) -> None: ...
+
+
+class Store(Protocol):
+    dialect: str
+    always_leader: bool
+    url: str
+
+    async def close(self) -> None: ...
+    async def migrate(self) -> list[int]: ...
+    async def schema_status(self) -> SchemaStatus: ...
+    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> LockSession: ...
+    async def listen(
+        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+    ) -> None: ...
+    async def upsert_publish(self, spec: PublishSpec) -> UpsertResult: ...
+    async def upsert_schedule(self, spec: ScheduleSpec) -> UpsertResult: ...
+    async def cancel_publish(self, uid: str) -> bool: ...
+    async def cancel_schedule(self, uid: str) -> int: ...
+    async def key_status(self) -> list[KeyStatus]: ...
+    async def get_publish(self, uid: str) -> PublishRecord | None: ...
+    async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]: ...
+
+
+def open_store(url: str, *, application_name: str = "schedlock") -> Store:
+    """The store for a database URL (no I/O happens until a verb is called)."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        from schedlock.store.postgres import PostgresStore
+
+        return PostgresStore(url, application_name=application_name)
+    if scheme == "sqlite":
+        from schedlock.store.sqlite import SqliteStore
+
+        return SqliteStore(url, application_name=application_name)
+    raise StoreError(f"unsupported database URL scheme {scheme!r}")

@@ -10,7 +10,9 @@ import psycopg
 from tests.support.pg_fixtures import PostgresService
 
 
-def test_advisory_lock_on_one_connection_blocks_another(postgres: PostgresService, database: str) -> None:
+def test_advisory_lock_on_one_connection_blocks_another(
+    postgres: PostgresService, database: str
+) -> None:
     holder = postgres.connect(database)
     waiter = postgres.connect(database)
     holder.execute("SELECT pg_advisory_lock(42, 7)")

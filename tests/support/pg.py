@@ -148,7 +148,9 @@ class PostgresServer:
     def logfile(self) -> Path:
         return self.workdir / "postgres.log"
 
-    def url(self, dbname: str = "postgres", user: str = SUPERUSER, password: str | None = None) -> str:
+    def url(
+        self, dbname: str = "postgres", user: str = SUPERUSER, password: str | None = None
+    ) -> str:
         auth = user if password is None else f"{user}:{password}"
         return f"postgresql://{auth}@127.0.0.1:{self.port}/{dbname}"
 
@@ -179,7 +181,7 @@ class PostgresServer:
         for key, value in options.items():
             argv += ["-c", f"{key}={value}"]
         log = self.logfile.open("ab")
-        self.process = subprocess.Popen(  # noqa: SIM115 - lives as long as the server
+        self.process = subprocess.Popen(
             argv, stdout=log, stderr=log, user=user, start_new_session=True
         )
         log.close()
@@ -232,8 +234,19 @@ class PostgresServer:
 
     def psql(self, sql: str, dbname: str = "postgres") -> str:
         return subprocess.run(
-            [str(self.bindir / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-             "-d", self.url(dbname), "-c", sql],
+            [
+                str(self.bindir / "psql"),
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                self.url(dbname),
+                "-c",
+                sql,
+            ],
             check=True,
             capture_output=True,
             text=True,
@@ -289,7 +302,10 @@ class PgBouncer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError("pgbouncer exited at start; see " + str(home))
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
                 return
             time.sleep(0.05)
         raise RuntimeError("pgbouncer did not listen in time")

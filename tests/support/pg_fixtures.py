@@ -37,11 +37,15 @@ class PostgresService:
     _counter: Iterator[int] = field(default_factory=itertools.count)
     template_ready: set[str] = field(default_factory=set)
 
-    def connect(self, url: str | None = None, **kwargs: object) -> psycopg.Connection[tuple[object, ...]]:
+    def connect(
+        self, url: str | None = None, **kwargs: object
+    ) -> psycopg.Connection[tuple[object, ...]]:
         """A raw autocommit connection (admin database unless ``url`` says otherwise)."""
         return psycopg.connect(url or self.admin_url, autocommit=True, **kwargs)  # type: ignore[arg-type]
 
-    def execute(self, sql: str, *params: object, url: str | None = None) -> list[tuple[object, ...]]:
+    def execute(
+        self, sql: str, *params: object, url: str | None = None
+    ) -> list[tuple[object, ...]]:
         with self.connect(url) as conn:
             cur = conn.execute(sql, params or None)
             return cur.fetchall() if cur.description else []
@@ -107,7 +111,9 @@ def pgbouncer_factory(
     port = urlsplit(postgres.admin_url).port or 5432
 
     def start(pool_mode: str = "transaction") -> PgBouncer:
-        bouncer = PgBouncer(tmp_path / f"pgbouncer-{len(started)}", upstream_port=port, pool_mode=pool_mode)
+        bouncer = PgBouncer(
+            tmp_path / f"pgbouncer-{len(started)}", upstream_port=port, pool_mode=pool_mode
+        )
         bouncer.start()
         started.append(bouncer)
         return bouncer
@@ -115,3 +121,24 @@ def pgbouncer_factory(
     yield start
     for bouncer in started:
         bouncer.stop()
+
+
+@pytest.fixture(scope="session")
+def migrated_template(postgres: PostgresService) -> str:
+    """A database migrated once per session; tests clone it (fast) instead of migrating."""
+    import asyncio
+
+    from schedlock.store import open_store
+
+    url = postgres.create_database()
+    store = open_store(url)
+    asyncio.run(store.migrate())
+    return urlsplit(url).path.lstrip("/")
+
+
+@pytest.fixture
+def migrated_database(postgres: PostgresService, migrated_template: str) -> Iterator[str]:
+    """URL of a fresh database with the current schedlock schema (dropped afterwards)."""
+    url = postgres.create_database(template=migrated_template)
+    yield url
+    postgres.drop_database(url)

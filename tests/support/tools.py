@@ -27,6 +27,8 @@ def tool(name: str) -> Path:
     if not path.exists():
         found = shutil.which(name)
         if found is None:
-            raise ToolMissing(f"{name} is not installed: run `make tools` (hack/tools.sh ensure {name})")
+            raise ToolMissing(
+                f"{name} is not installed: run `make tools` (hack/tools.sh ensure {name})"
+            )
         return Path(found)
     return path

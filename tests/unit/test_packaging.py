@@ -16,7 +16,9 @@ def test_stdlib_operator_is_not_shadowed() -> None:
     import operator
 
     assert operator.__file__ is not None
-    assert Path(operator.__file__).parent == Path(importlib.import_module("os").__file__ or "").parent
+    assert (
+        Path(operator.__file__).parent == Path(importlib.import_module("os").__file__ or "").parent
+    )
     assert hasattr(operator, "itemgetter")
     # Even a fresh interpreter started at the repo root gets the standard library's module.
     out = subprocess.run(
@@ -63,7 +65,9 @@ def collections_file() -> str:
 
 def test_version_and_help() -> None:
     script = str(Path(sys.executable).parent / "schedlock")
-    version = subprocess.run([script, "--version"], check=True, capture_output=True, text=True).stdout
+    version = subprocess.run(
+        [script, "--version"], check=True, capture_output=True, text=True
+    ).stdout
     assert version.strip() == f"schedlock {schedlock.__version__}"
     helptext = subprocess.run([script, "--help"], check=True, capture_output=True, text=True).stdout
     assert "usage: schedlock" in helptext

@@ -1,0 +1,412 @@
+"""Commands for people without Kubernetes: migrate, publish, schedule, status.
+
+Each reads ``SCHEDLOCK_DATABASE_URL`` (or ``--database-url``) like every other command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from schedlock.scheduling import ScheduleError, parse_schedule
+from schedlock.settings import (
+    SettingError,
+    add_arguments,
+    build,
+    database_url,
+    dns_label,
+    integer,
+    number,
+    setting,
+    spec_of,
+)
+from schedlock.store import (
+    KeyStatus,
+    PublishSpec,
+    ScheduleSpec,
+    SchemaTooNew,
+    StoreError,
+    open_store,
+)
+
+EXIT_FAILED = 1
+_RELATIVE = re.compile(r"^(?:in\s+|\+)(\d+(?:\.\d+)?)\s*(ms|s|m|h)$")
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    database_url: str = setting(
+        env="SCHEDLOCK_DATABASE_URL",
+        help="postgresql://… or sqlite:///path",
+        default="",
+        parse=database_url,
+        unit="url",
+        secret=True,
+    )
+
+    def validate(self) -> None:
+        if not self.database_url:
+            raise SettingError(spec_of(type(self), "database_url"), "is required")
+
+
+def parse_time(raw: str, now: datetime | None = None) -> datetime:
+    """RFC 3339 (``2026-12-01T09:00:00Z``), ``now``, or relative ``+30s`` / ``in 5m``."""
+    now = now or datetime.now(UTC)
+    text = raw.strip()
+    if text == "now":
+        return now
+    match = _RELATIVE.match(text)
+    if match:
+        amount, unit = float(match.group(1)), match.group(2)
+        scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+        return now + timedelta(seconds=amount * scale)
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            "must be an RFC 3339 time like 2026-12-01T09:00:00Z, 'now', or '+30s'/'in 5m', "
+            f"got {raw!r}"
+        ) from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"needs a UTC offset or Z (e.g. {text}Z), got {raw!r}")
+    return parsed.astimezone(UTC)
+
+
+def parse_payload(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"must be a JSON object: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"schedlock {command}: error: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _arg(parser: argparse.ArgumentParser, command: str, name: str, raw: str, parse: Any) -> Any:
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        print(f"schedlock {command}: error: --{name}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+# -- migrate -------------------------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    db = build(DatabaseSettings, args)
+
+    async def run() -> int:
+        store = open_store(db.database_url, application_name="schedlock-migrate")
+        try:
+            applied = await store.migrate()
+            status = await store.schema_status()
+        except SchemaTooNew as exc:
+            return _fail("migrate", str(exc))
+        except StoreError as exc:
+            return _fail("migrate", f"cannot migrate: {exc}")
+        finally:
+            await store.close()
+        if applied:
+            print(f"applied migrations {', '.join(map(str, applied))}; schema at {status.current}")
+        else:
+            print(f"schema is current (migration {status.current})")
+        return 0
+
+    return asyncio.run(run())
+
+
+# -- publish -------------------------------------------------------------------------------------
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    db = build(DatabaseSettings, args)
+    parser = args.parser
+    target = _arg(parser, "publish", "target", args.target, dns_label)
+    namespace = _arg(parser, "publish", "namespace", args.namespace, dns_label)
+    due_at = _arg(parser, "publish", "at", args.at, parse_time)
+    payload = _arg(parser, "publish", "payload", args.payload, parse_payload)
+    attempts = _arg(parser, "publish", "max-attempts", args.max_attempts, integer(1, 100))
+    backoff = _arg(parser, "publish", "backoff-seconds", args.backoff_seconds, number(0.01, 3600))
+    deadline = (
+        None
+        if args.deadline_seconds is None
+        else _arg(
+            parser, "publish", "deadline-seconds", args.deadline_seconds, integer(0, 31_536_000)
+        )
+    )
+    uid = f"cli-{uuid.uuid4()}"
+    name = args.name or f"publish-{uid[4:12]}"
+    spec = PublishSpec(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        target=target,
+        due_at=due_at,
+        payload=payload,
+        max_attempts=attempts,
+        backoff_seconds=backoff,
+        starting_deadline_seconds=deadline,
+    )
+
+    async def run() -> int:
+        store = open_store(db.database_url, application_name="schedlock-cli")
+        try:
+            await store.upsert_publish(spec)
+        except StoreError as exc:
+            return _fail("publish", f"cannot insert the row: {exc}")
+        finally:
+            await store.close()
+        print(
+            json.dumps(
+                {
+                    "uid": uid,
+                    "name": name,
+                    "namespace": namespace,
+                    "target": target,
+                    "dueAt": due_at.isoformat().replace("+00:00", "Z"),
+                }
+            )
+        )
+        return 0
+
+    return asyncio.run(run())
+
+
+# -- schedule ------------------------------------------------------------------------------------
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    db = build(DatabaseSettings, args)
+    parser = args.parser
+    target = _arg(parser, "schedule", "target", args.target, dns_label)
+    namespace = _arg(parser, "schedule", "namespace", args.namespace, dns_label)
+    payload = _arg(parser, "schedule", "payload", args.payload, parse_payload)
+    try:
+        parse_schedule(args.cron, args.time_zone)
+    except ScheduleError as exc:
+        print(f"schedlock schedule: error: --cron/--time-zone: {exc}", file=sys.stderr)
+        return 2
+    deadline = (
+        None
+        if args.deadline_seconds is None
+        else _arg(
+            parser, "schedule", "deadline-seconds", args.deadline_seconds, integer(0, 31_536_000)
+        )
+    )
+    uid = f"cli-{uuid.uuid4()}"
+    name = args.name or f"schedule-{uid[4:12]}"
+    spec = ScheduleSpec(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        target=target,
+        expression=args.cron,
+        time_zone=args.time_zone,
+        payload=payload,
+        starting_deadline_seconds=deadline,
+    )
+
+    async def run() -> int:
+        store = open_store(db.database_url, application_name="schedlock-cli")
+        try:
+            await store.upsert_schedule(spec)
+        except StoreError as exc:
+            return _fail("schedule", f"cannot insert the schedule: {exc}")
+        finally:
+            await store.close()
+        print(
+            json.dumps(
+                {
+                    "uid": uid,
+                    "name": name,
+                    "namespace": namespace,
+                    "target": target,
+                    "schedule": args.cron,
+                    "timeZone": args.time_zone,
+                }
+            )
+        )
+        return 0
+
+    return asyncio.run(run())
+
+
+# -- status --------------------------------------------------------------------------------------
+
+
+def _iso(value: datetime | None) -> str | None:
+    return (
+        None if value is None else value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def status_rows(keys: list[KeyStatus]) -> list[dict[str, Any]]:
+    return [
+        {
+            "scheduler": k.scheduler,
+            "namespace": k.namespace,
+            "target": k.target,
+            "leader": k.lock_holder,
+            "term": k.term,
+            "termHolder": k.holder,
+            "since": _iso(k.since),
+            "lastHeartbeat": _iso(k.heartbeat_at),
+            "waiting": k.waiters,
+            "backlog": k.backlog,
+            "nextDue": _iso(k.next_due),
+            "lastFire": _iso(k.last_fire),
+        }
+        for k in keys
+    ]
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    columns = [
+        "namespace",
+        "target",
+        "scheduler",
+        "leader",
+        "term",
+        "since",
+        "waiting",
+        "backlog",
+        "nextDue",
+        "lastFire",
+    ]
+    cells = [[str(r[c]) if r[c] is not None else "-" for c in columns] for r in rows]
+    header = [
+        c.upper()
+        for c in (
+            "namespace",
+            "target",
+            "scheduler",
+            "leader",
+            "term",
+            "since",
+            "waiting",
+            "backlog",
+            "next due",
+            "last fire",
+        )
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    db = build(DatabaseSettings, args)
+
+    async def run() -> int:
+        store = open_store(db.database_url, application_name="schedlock-cli")
+        try:
+            keys = await store.key_status()
+        except StoreError as exc:
+            return _fail("status", f"cannot read the status: {exc}")
+        finally:
+            await store.close()
+        rows = status_rows(keys)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        elif not rows:
+            print("no lock keys yet: start a sidecar (schedlock sidecar --help)")
+        else:
+            print(render_table(rows))
+        return 0
+
+    return asyncio.run(run())
+
+
+# -- registration --------------------------------------------------------------------------------
+
+
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    migrate = subparsers.add_parser(
+        "migrate",
+        help="create or upgrade the database schema (run with the owner role)",
+        description="Apply missing migrations, serialised by an advisory lock. Refuses a schema "
+        "newer than this binary.",
+    )
+    add_arguments(migrate, DatabaseSettings)
+    migrate.set_defaults(command=cmd_migrate, command_name="migrate")
+
+    publish = subparsers.add_parser(
+        "publish",
+        help="insert a one-shot publish row (no Kubernetes needed)",
+        description="Schedule one delivery to TARGET at TIME; the leading sidecar fires it.",
+    )
+    add_arguments(publish, DatabaseSettings)
+    publish.add_argument("--target", required=True, help="target (app) that receives the fire")
+    publish.add_argument(
+        "--at",
+        required=True,
+        metavar="TIME",
+        help="RFC 3339 time (2026-12-01T09:00:00Z), 'now', or relative '+30s'/'in 5m'",
+    )
+    publish.add_argument(
+        "--payload", default="{}", metavar="JSON", help="JSON object passed to the app"
+    )
+    publish.add_argument("--name", default="", help="a name for people (default generated)")
+    publish.add_argument("--namespace", default="default", help="namespace (default: default)")
+    publish.add_argument(
+        "--max-attempts", default="3", help="delivery attempts before failing (default 3)"
+    )
+    publish.add_argument(
+        "--backoff-seconds", default="1", help="first retry delay, doubling (default 1)"
+    )
+    publish.add_argument(
+        "--deadline-seconds",
+        default=None,
+        help="starting deadline: later than this after TIME it is missed, not fired",
+    )
+    publish.set_defaults(command=cmd_publish, command_name="publish", parser=publish)
+
+    schedule = subparsers.add_parser(
+        "schedule",
+        help="insert a recurring schedule (cron or @every)",
+        description="Fire TARGET on a schedule: 5-field cron in a time zone, @hourly-style "
+        "descriptors, or @every 2s.",
+    )
+    add_arguments(schedule, DatabaseSettings)
+    schedule.add_argument("--target", required=True, help="target (app) that receives the fires")
+    schedule.add_argument(
+        "--cron", required=True, metavar="EXPR", help="'*/5 * * * *', '@daily', '@every 2s'"
+    )
+    schedule.add_argument(
+        "--time-zone", default="UTC", help="IANA time zone for cron fields (default UTC)"
+    )
+    schedule.add_argument(
+        "--payload", default="{}", metavar="JSON", help="JSON object passed to the app"
+    )
+    schedule.add_argument("--name", default="", help="a name for people (default generated)")
+    schedule.add_argument("--namespace", default="default", help="namespace (default: default)")
+    schedule.add_argument(
+        "--deadline-seconds",
+        default=None,
+        help="starting deadline for each slot (catch-up fires only inside it)",
+    )
+    schedule.set_defaults(command=cmd_schedule, command_name="schedule", parser=schedule)
+
+    status = subparsers.add_parser(
+        "status",
+        help="show per lock key who leads, the term, backlog, next due and last fire",
+    )
+    add_arguments(status, DatabaseSettings)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(command=cmd_status, command_name="status")

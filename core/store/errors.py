@@ -1,0 +1,39 @@
+"""The store's own errors, chained to their cause; callers never see a driver exception."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every error the store raises."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached or the session died; retrying later may work."""
+
+
+class SchemaError(StoreError):
+    """The schema is not what this binary expects (too new, or not migrated yet)."""
+
+
+class SchemaTooNew(SchemaError):
+    """The database was migrated by a newer schedlock: refuse, never downgrade."""
+
+
+class SchemaNotCurrent(SchemaError):
+    """Migrations this binary needs have not run yet."""
+
+
+class UnsafeConnection(StoreError):
+    """Session affinity is not guaranteed (a transaction-mode pooler): we would run unguarded."""
+
+
+class LockKeyCollision(StoreError):
+    """Two different lock keys hash to the same advisory lock ids."""
+
+
+class LeadershipLost(StoreError):
+    """The lock session is gone or the term moved on: this process no longer leads the key."""
+
+
+class UnlockFailed(StoreError):
+    """pg_advisory_unlock returned false: the lock was not held by this session (a bug)."""

@@ -1,0 +1,176 @@
+"""Plain data exchanged with the store: no driver types cross this boundary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# Row states. A row moves scheduled -> firing -> published | failed | missed (or back to
+# scheduled for a retry) only on the lock session of its scheduler's key.
+SCHEDULED = "scheduled"
+FIRING = "firing"
+PUBLISHED = "published"
+FAILED = "failed"
+MISSED = "missed"
+CANCELLED = "cancelled"
+SUSPENDED = "suspended"
+TERMINAL_STATES = frozenset({PUBLISHED, FAILED, MISSED, CANCELLED})
+
+
+@dataclass(frozen=True)
+class FireRow:
+    """A row claimed (or adopted as an orphan) by the leader, ready to deliver."""
+
+    id: int
+    uid: str
+    namespace: str
+    name: str
+    target: str
+    due_at: datetime
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    backoff_seconds: float
+    starting_deadline_seconds: int | None
+    db_now: datetime
+    orphan: bool = False
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What happened to one claimed row. ``outcome`` is published/retry/failed/missed."""
+
+    id: int
+    outcome: str
+    next_attempt_at: datetime | None = None
+    status: int | None = None
+    error: str | None = None
+    sent: bool = True
+
+
+@dataclass(frozen=True)
+class TermStart:
+    term: int
+    previous_holder: str | None
+    gap_seconds: float | None
+    previous_released: bool
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    alive: bool
+    backlog: int
+    oldest_due_age: float | None
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    rows: list[FireRow]
+    next_due_in: float | None  # seconds until the next scheduled row (None: nothing scheduled)
+
+
+@dataclass(frozen=True)
+class DueSchedule:
+    id: int
+    uid: str
+    namespace: str
+    name: str
+    target: str
+    expression: str
+    time_zone: str
+    starting_deadline_seconds: int | None
+    watermark_at: datetime | None
+    db_now: datetime
+
+
+@dataclass(frozen=True)
+class PublishSpec:
+    """A one-shot publish as the operator or CLI declares it (keyed by ``uid``)."""
+
+    namespace: str
+    name: str
+    uid: str
+    target: str
+    due_at: datetime
+    payload: dict[str, Any] = field(default_factory=dict)
+    generation: int = 1
+    max_attempts: int = 3
+    backoff_seconds: float = 1.0
+    starting_deadline_seconds: int | None = None
+    suspended: bool = False
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A recurring schedule (cron or ``@every``) keyed by ``uid``."""
+
+    namespace: str
+    name: str
+    uid: str
+    target: str
+    expression: str
+    time_zone: str = "UTC"
+    payload: dict[str, Any] = field(default_factory=dict)
+    generation: int = 1
+    max_attempts: int = 3
+    backoff_seconds: float = 1.0
+    starting_deadline_seconds: int | None = None
+    suspended: bool = False
+
+
+@dataclass(frozen=True)
+class UpsertResult:
+    id: int | None  # None: an equal or newer generation was already stored (nothing changed)
+    state: str | None
+    inserted: bool
+
+
+@dataclass(frozen=True)
+class PublishRecord:
+    id: int
+    scheduler: str
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    target: str
+    due_at: datetime
+    next_attempt_at: datetime
+    payload: dict[str, Any]
+    state: str
+    attempts: int
+    max_attempts: int
+    term: int | None
+    holder: str | None
+    last_status: int | None
+    last_error: str | None
+    fired_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    scheduler: str
+    namespace: str
+    target: str
+    term: int
+    holder: str | None  # holder recorded with the current term
+    lock_holder: str | None  # application_name of the session holding the lock right now
+    waiters: int
+    since: datetime | None
+    heartbeat_at: datetime | None
+    released_at: datetime | None
+    backlog: int
+    next_due: datetime | None
+    last_fire: datetime | None
+
+
+@dataclass(frozen=True)
+class SchemaStatus:
+    current: int
+    latest: int
+
+    @property
+    def is_current(self) -> bool:
+        return self.current == self.latest

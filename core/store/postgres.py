@@ -1,0 +1,643 @@
+"""The PostgreSQL store: admin verbs on short-lived connections, one dedicated session per lock.
+
+Connections are never shared between a lock and anything else (DESIGN invariant 1): a
+:class:`PostgresLockSession` owns one autocommit connection for the lock, its heartbeat and
+every state change of the rows its scheduler owns.  LISTEN runs on its own connection too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
+from schedlock.store import queries
+from schedlock.store.errors import (
+    LeadershipLost,
+    LockKeyCollision,
+    SchemaTooNew,
+    StoreError,
+    StoreUnavailable,
+    UnlockFailed,
+    UnsafeConnection,
+)
+from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, LockKey
+from schedlock.store.migrations import latest_id, migrations, split_statements
+from schedlock.store.models import (
+    ClaimResult,
+    Completion,
+    DueSchedule,
+    FireRow,
+    Heartbeat,
+    KeyStatus,
+    PublishRecord,
+    PublishSpec,
+    ScheduleSpec,
+    SchemaStatus,
+    TermStart,
+    UpsertResult,
+)
+
+log = logging.getLogger("schedlock.store")
+Q = queries.load("postgres")
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[DictRow]
+
+ROWS_CHANNEL = "schedlock_rows"
+OUTCOMES_CHANNEL = "schedlock_outcomes"
+UNSAFE_POOLER = (
+    "the database connection does not keep one server session (a pooler in transaction mode, "
+    "e.g. PgBouncer pool_mode=transaction?): advisory locks would guard nothing; connect "
+    "directly or through a session-mode pooler"
+)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _opt_utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+async def _guard(call: Awaitable[T]) -> T:
+    """Translate driver errors into the store's own, chained to the cause."""
+    try:
+        return await call
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise StoreUnavailable(_describe(exc)) from exc
+    except psycopg.Error as exc:
+        raise StoreError(_describe(exc)) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+async def connect(url: str, *, application_name: str, connect_timeout: float = 5) -> Conn:
+    try:
+        return await psycopg.AsyncConnection.connect(
+            url,
+            autocommit=True,
+            row_factory=dict_row,
+            application_name=application_name[:63],
+            connect_timeout=max(1, int(connect_timeout)),
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=3,
+        )
+    except psycopg.Error as exc:
+        raise StoreUnavailable(_describe(exc)) from exc
+
+
+def _fire_row(row: Mapping[str, Any]) -> FireRow:
+    return FireRow(
+        id=int(row["id"]),
+        uid=row["uid"],
+        namespace=row["namespace"],
+        name=row["name"],
+        target=row["target"],
+        due_at=_utc(row["due_at"]),
+        payload=dict(row["payload"] or {}),
+        attempt=int(row["attempts"]),
+        max_attempts=int(row["max_attempts"]),
+        backoff_seconds=float(row["backoff_seconds"]),
+        starting_deadline_seconds=row["starting_deadline_seconds"],
+        db_now=_utc(row["db_now"]),
+        orphan=bool(row["orphan"]),
+    )
+
+
+def _publish_record(row: Mapping[str, Any]) -> PublishRecord:
+    return PublishRecord(
+        id=int(row["id"]),
+        scheduler=row["scheduler"],
+        namespace=row["namespace"],
+        name=row["name"],
+        uid=row["uid"],
+        generation=int(row["generation"]),
+        target=row["target"],
+        due_at=_utc(row["due_at"]),
+        next_attempt_at=_utc(row["next_attempt_at"]),
+        payload=dict(row["payload"] or {}),
+        state=row["state"],
+        attempts=int(row["attempts"]),
+        max_attempts=int(row["max_attempts"]),
+        term=row["term"],
+        holder=row["holder"],
+        last_status=row["last_status"],
+        last_error=row["last_error"],
+        fired_at=_opt_utc(row["fired_at"]),
+        finished_at=_opt_utc(row["finished_at"]),
+    )
+
+
+class PostgresLockSession:
+    """One dedicated connection: the advisory lock, its lease, heartbeat and row transitions.
+
+    Fencing: every transition statement also requires ``schedlock_terms.term`` to equal the
+    term this session started, and runs on the session that holds the lock.  The session can
+    only lose the lock by ending, after which its statements fail; no clock is trusted.
+    """
+
+    def __init__(self, url: str, key: LockKey, holder: str, lease_seconds: float) -> None:
+        self.url = url
+        self.key = key
+        self.holder = holder
+        self.lease_seconds = lease_seconds
+        self._conn: Conn | None = None
+        self._lock_pid: int | None = None
+
+    # -- connection ---------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the session, set the lease and register the key's lock ids."""
+        await self.close()
+        conn = await connect(self.url, application_name=self.holder)
+        try:
+            row = await self._fetchone(
+                "configure_lock_session",
+                {
+                    "lease_ms": str(int(self.lease_seconds * 1000)),
+                    "keepalive_idle": str(max(1, int(self.lease_seconds / 3))),
+                    "keepalive_interval": "1",
+                },
+                conn=conn,
+            )
+            if row["server_version"] < 140000:
+                raise StoreError(
+                    "PostgreSQL 14 or newer is required (idle_session_timeout is the lease)"
+                )
+            try:
+                await conn.execute(Q["register_key"], self.key.params())
+            except pgerrors.UniqueViolation as exc:
+                raise LockKeyCollision(
+                    f"lock key {self.key} hashes to the same advisory lock ids as another key "
+                    f"({self.key.classid}, {self.key.objid}); rename the target"
+                ) from exc
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.closed
+
+    async def close(self) -> None:
+        """Drop the session; the server releases the lock with it."""
+        conn, self._conn = self._conn, None
+        self._lock_pid = None
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)
+
+    def _require(self) -> Conn:
+        if self._conn is None or self._conn.closed:
+            raise LeadershipLost(f"lock session for {self.key} is closed")
+        return self._conn
+
+    async def _fetchone(
+        self, name: str, params: Mapping[str, Any], conn: Conn | None = None
+    ) -> DictRow:
+        async def run() -> DictRow:
+            cur = await (conn or self._require()).execute(Q[name], params)
+            row = await cur.fetchone()
+            if row is None:
+                raise StoreError(f"query {name} returned no row")
+            return row
+
+        return await _guard(run())
+
+    async def _fetchall(self, name: str, params: Mapping[str, Any]) -> list[DictRow]:
+        async def run() -> list[DictRow]:
+            cur = await self._require().execute(Q[name], params)
+            return await cur.fetchall()
+
+        return await _guard(run())
+
+    async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
+        async def run() -> int:
+            cur = await self._require().execute(Q[name], params)
+            return cur.rowcount
+
+        return await _guard(run())
+
+    # -- leadership -----------------------------------------------------------------------------
+
+    async def acquire(self) -> None:
+        """Block until this session holds the lock (a follower waits here, issuing nothing)."""
+        row = await self._fetchone("lock", self.key.params())
+        self._lock_pid = int(row["pid"])
+        await self._verify_session_affinity()
+
+    async def try_acquire(self) -> bool:
+        row = await self._fetchone("try_lock", self.key.params())
+        if not row["locked"]:
+            return False
+        self._lock_pid = int(row["pid"])
+        await self._verify_session_affinity()
+        return True
+
+    def _local_port(self) -> int | None:
+        conn = self._require()
+        try:
+            fd = os.dup(conn.pgconn.socket)
+        except (OSError, psycopg.Error):
+            return None
+        with socket.socket(fileno=fd) as sock:
+            try:
+                return int(sock.getsockname()[1])
+            except (OSError, IndexError, TypeError):
+                return None
+
+    async def _verify_session_affinity(self) -> None:
+        """Confirm from a second transaction that pg_locks shows the lock for this backend.
+
+        A direct connection (the backend sees our own client port) passes at once.  Behind a
+        proxy we also pin a second client in an open transaction and check again: a pooler in
+        transaction mode hands our next statement to another server session (or to the pinned
+        one), which fails the check.  Failing means refusing to run, never running unguarded.
+        """
+        row = await self._fetchone("lock_held", self.key.params())
+        if not row["held"] or int(row["pid"]) != self._lock_pid:
+            raise UnsafeConnection(UNSAFE_POOLER)
+        if row["client_port"] is not None and row["client_port"] == self._local_port():
+            return
+        probe = await connect(self.url, application_name=f"{self.holder}-probe")
+        try:
+            async with probe.transaction():
+                cur = await probe.execute(Q["backend_pid"])
+                pinned = await cur.fetchone()
+                if pinned is None or int(pinned["pid"]) == self._lock_pid:
+                    raise UnsafeConnection(UNSAFE_POOLER)
+                try:
+                    again = await asyncio.wait_for(
+                        self._fetchone("lock_held", self.key.params()), timeout=5
+                    )
+                except TimeoutError as exc:
+                    raise UnsafeConnection(UNSAFE_POOLER) from exc
+                if not again["held"] or int(again["pid"]) != self._lock_pid:
+                    raise UnsafeConnection(UNSAFE_POOLER)
+        finally:
+            await probe.close()
+
+    async def begin_term(self) -> TermStart:
+        row = await self._fetchone("begin_term", {**self.key.params(), "holder": self.holder})
+        return TermStart(
+            term=int(row["term"]),
+            previous_holder=row["previous_holder"],
+            gap_seconds=row["gap_seconds"],
+            previous_released=bool(row["previous_released"]),
+        )
+
+    async def heartbeat(self, term: int) -> Heartbeat:
+        row = await self._fetchone("heartbeat", {**self.key.params(), "term": term})
+        if not row["alive"]:
+            raise LeadershipLost(f"term {term} of {self.key} was superseded")
+        return Heartbeat(
+            alive=True, backlog=int(row["backlog"]), oldest_due_age=row["oldest_due_age"]
+        )
+
+    async def release(self, term: int | None) -> None:
+        """Graceful hand-over: record the release, unlock (checked), close."""
+        try:
+            if term is not None:
+                await self._execute("release_term", {**self.key.params(), "term": term})
+            row = await self._fetchone("unlock", self.key.params())
+            if not row["released"]:
+                raise UnlockFailed(
+                    f"pg_advisory_unlock({self.key.classid}, {self.key.objid}) returned false "
+                    f"for {self.key}: this session did not hold the lock"
+                )
+        finally:
+            await self.close()
+
+    # -- rows -----------------------------------------------------------------------------------
+
+    async def adopt_orphans(self, term: int) -> list[FireRow]:
+        rows = await self._fetchall(
+            "adopt_orphans", {**self.key.params(), "term": term, "holder": self.holder}
+        )
+        return [_fire_row(r) for r in rows]
+
+    async def claim_due(self, term: int, limit: int) -> ClaimResult:
+        params = {**self.key.params(), "term": term, "holder": self.holder, "limit": limit}
+        rows = await self._fetchall("claim_due", params) if limit > 0 else []
+        next_due_in: float | None = None
+        if len(rows) < limit or limit == 0:
+            nd = await self._fetchone("next_due", self.key.params())
+            next_due_in = nd["next_due_in"]
+        return ClaimResult(rows=[_fire_row(r) for r in rows], next_due_in=next_due_in)
+
+    async def complete(self, term: int, completions: Sequence[Completion]) -> int:
+        if not completions:
+            return 0
+        params = {
+            **self.key.params(),
+            "term": term,
+            "ids": [c.id for c in completions],
+            "outcomes": [c.outcome for c in completions],
+            "next_attempts": [c.next_attempt_at for c in completions],
+            "statuses": [c.status for c in completions],
+            "errors": [c.error for c in completions],
+            "sent": [c.sent for c in completions],
+        }
+        row = await self._fetchone("complete", params)
+        done = int(row["completed"])
+        if done != len(completions):
+            raise LeadershipLost(
+                f"only {done} of {len(completions)} outcomes were recorded for {self.key} "
+                f"term {term}: the term moved on"
+            )
+        return done
+
+    async def due_schedules(self, limit: int) -> list[DueSchedule]:
+        rows = await self._fetchall("due_schedules", {**self.key.params(), "limit": limit})
+        return [
+            DueSchedule(
+                id=int(r["id"]),
+                uid=r["uid"],
+                namespace=r["namespace"],
+                name=r["name"],
+                target=r["target"],
+                expression=r["expression"],
+                time_zone=r["time_zone"],
+                starting_deadline_seconds=r["starting_deadline_seconds"],
+                watermark_at=_opt_utc(r["watermark_at"]),
+                db_now=_utc(r["db_now"]),
+            )
+            for r in rows
+        ]
+
+    async def next_slot_in(self) -> float | None:
+        row = await self._fetchone("next_slot", self.key.params())
+        if row["unplanned"]:
+            return 0.0
+        value = row["next_due_in"]
+        return None if value is None else float(value)
+
+    async def insert_slot(
+        self, term: int, schedule_id: int, slot_uid: str, slot_at: datetime
+    ) -> bool:
+        params = {
+            "term": term,
+            "schedule_id": schedule_id,
+            "slot_uid": slot_uid,
+            "slot_at": slot_at,
+        }
+        return await self._execute("insert_slot", params) == 1
+
+    async def advance_schedule(
+        self,
+        term: int,
+        schedule_id: int,
+        *,
+        watermark_at: datetime,
+        next_slot_at: datetime,
+        fired_slot_at: datetime | None,
+    ) -> None:
+        params = {
+            "term": term,
+            "schedule_id": schedule_id,
+            "watermark_at": watermark_at,
+            "next_slot_at": next_slot_at,
+            "fired_slot_at": fired_slot_at,
+        }
+        if await self._execute("advance_schedule", params) != 1:
+            raise LeadershipLost(f"term {term} of {self.key} was superseded")
+
+
+class PostgresStore:
+    """Admin verbs (migrate, upsert, cancel, status) and the factory for lock sessions."""
+
+    dialect = "postgres"
+    always_leader = False
+
+    def __init__(self, url: str, *, application_name: str = "schedlock") -> None:
+        self.url = url
+        self.application_name = application_name
+
+    async def close(self) -> None:
+        return None
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        conn = await connect(self.url, application_name=self.application_name)
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+    async def _run(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        async def run() -> T:
+            async with self._connection() as conn:
+                return await fn(conn)
+
+        return await _guard(run())
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply missing migrations under an advisory lock; refuse a schema that is too new."""
+
+        async def run(conn: Conn) -> list[int]:
+            await conn.execute(
+                "SELECT pg_advisory_lock(%s, %s)", (SCHEDLOCK_CLASS_ID, MIGRATIONS_OBJID)
+            )
+            try:
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schedlock_migrations ("
+                    " id integer PRIMARY KEY, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                cur = await conn.execute(
+                    "SELECT coalesce(max(id), 0) AS id FROM schedlock_migrations"
+                )
+                row = await cur.fetchone()
+                current = int(row["id"]) if row else 0
+                latest = latest_id("postgres")
+                if current > latest:
+                    raise SchemaTooNew(_too_new(current, latest))
+                applied: list[int] = []
+                for migration in migrations("postgres"):
+                    if migration.id <= current:
+                        continue
+                    async with conn.transaction():
+                        for statement in split_statements(migration.sql):
+                            await conn.execute(statement)
+                        await conn.execute(
+                            "INSERT INTO schedlock_migrations (id, name) VALUES (%s, %s)",
+                            (migration.id, migration.name),
+                        )
+                    log.info(
+                        "applied migration",
+                        extra={"migration": migration.id, "migration_name": migration.name},
+                    )
+                    applied.append(migration.id)
+                return applied
+            finally:
+                cur = await conn.execute(
+                    "SELECT pg_advisory_unlock(%s, %s) AS released",
+                    (SCHEDLOCK_CLASS_ID, MIGRATIONS_OBJID),
+                )
+                released = await cur.fetchone()
+                if not released or not released["released"]:
+                    raise UnlockFailed("the migration lock was not held when releasing it")
+
+        return await self._run(run)
+
+    async def schema_status(self) -> SchemaStatus:
+        async def run(conn: Conn) -> SchemaStatus:
+            cur = await conn.execute(
+                "SELECT CASE WHEN to_regclass('schedlock_migrations') IS NULL THEN 0 "
+                "ELSE (SELECT coalesce(max(id), 0) FROM schedlock_migrations) END AS id"
+            )
+            row = await cur.fetchone()
+            return SchemaStatus(current=int(row["id"]) if row else 0, latest=latest_id("postgres"))
+
+        return await self._run(run)
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> PostgresLockSession:
+        return PostgresLockSession(self.url, key, holder, lease_seconds)
+
+    async def listen(
+        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+    ) -> None:
+        """LISTEN on a dedicated connection and call ``on_payload`` until cancelled."""
+
+        async def run() -> None:
+            conn = await connect(self.url, application_name=f"{self.application_name}-listen")
+            try:
+                await conn.execute(f"LISTEN {channel}")
+                if ready is not None:
+                    ready.set()
+                async for note in conn.notifies():
+                    on_payload(note.payload)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.close(), 2)
+
+        await _guard(run())
+
+    # -- admin verbs ----------------------------------------------------------------------------
+
+    async def upsert_publish(self, spec: PublishSpec) -> UpsertResult:
+        params = {
+            "namespace": spec.namespace,
+            "name": spec.name,
+            "uid": spec.uid,
+            "generation": spec.generation,
+            "target": spec.target,
+            "due_at": spec.due_at,
+            "payload": Jsonb(spec.payload),
+            "max_attempts": spec.max_attempts,
+            "backoff_seconds": spec.backoff_seconds,
+            "starting_deadline_seconds": spec.starting_deadline_seconds,
+            "suspended": spec.suspended,
+        }
+        return await self._run(lambda c: _upsert(c, "upsert_publish", params))
+
+    async def upsert_schedule(self, spec: ScheduleSpec) -> UpsertResult:
+        params = {
+            "namespace": spec.namespace,
+            "name": spec.name,
+            "uid": spec.uid,
+            "generation": spec.generation,
+            "target": spec.target,
+            "expression": spec.expression,
+            "time_zone": spec.time_zone,
+            "payload": Jsonb(spec.payload),
+            "max_attempts": spec.max_attempts,
+            "backoff_seconds": spec.backoff_seconds,
+            "starting_deadline_seconds": spec.starting_deadline_seconds,
+            "suspended": spec.suspended,
+        }
+        return await self._run(lambda c: _upsert(c, "upsert_schedule", params))
+
+    async def cancel_publish(self, uid: str) -> bool:
+        async def run(conn: Conn) -> bool:
+            cur = await conn.execute(Q["cancel_publish"], {"uid": uid})
+            return cur.rowcount > 0
+
+        return await self._run(run)
+
+    async def cancel_schedule(self, uid: str) -> int:
+        async def run(conn: Conn) -> int:
+            cur = await conn.execute(Q["cancel_schedule"], {"uid": uid})
+            return cur.rowcount
+
+        return await self._run(run)
+
+    async def key_status(self) -> list[KeyStatus]:
+        async def run(conn: Conn) -> list[KeyStatus]:
+            cur = await conn.execute(Q["key_status"])
+            return [
+                KeyStatus(
+                    scheduler=r["scheduler"],
+                    namespace=r["namespace"],
+                    target=r["target"],
+                    term=int(r["term"]),
+                    holder=r["holder"],
+                    lock_holder=r["lock_holder"],
+                    waiters=int(r["waiters"]),
+                    since=_opt_utc(r["since"]),
+                    heartbeat_at=_opt_utc(r["heartbeat_at"]),
+                    released_at=_opt_utc(r["released_at"]),
+                    backlog=int(r["backlog"]),
+                    next_due=_opt_utc(r["next_due"]),
+                    last_fire=_opt_utc(r["last_fire"]),
+                )
+                for r in await cur.fetchall()
+            ]
+
+        return await self._run(run)
+
+    async def get_publish(self, uid: str) -> PublishRecord | None:
+        async def run(conn: Conn) -> PublishRecord | None:
+            cur = await conn.execute(Q["get_publish"], {"uid": uid})
+            row = await cur.fetchone()
+            return None if row is None else _publish_record(row)
+
+        return await self._run(run)
+
+    async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]:
+        async def run(conn: Conn) -> list[PublishRecord]:
+            cur = await conn.execute(Q["publishes_by_id"], {"ids": list(ids)})
+            return [_publish_record(r) for r in await cur.fetchall()]
+
+        return await self._run(run)
+
+
+async def _upsert(conn: Conn, name: str, params: Mapping[str, Any]) -> UpsertResult:
+    cur = await conn.execute(Q[name], params)
+    row = await cur.fetchone()
+    if row is None:
+        return UpsertResult(id=None, state=None, inserted=False)
+    return UpsertResult(id=int(row["id"]), state=row["state"], inserted=bool(row["inserted"]))
+
+
+def _too_new(current: int, latest: int) -> str:
+    return (
+        f"the database schema is at migration {current} but this schedlock knows only up to "
+        f"{latest}: upgrade schedlock (it never downgrades a schema)"
+    )
+
+
+def outcome_payload(text: str) -> dict[str, Any]:
+    """Parse a ``schedlock_outcomes`` NOTIFY payload."""
+    data: dict[str, Any] = json.loads(text)
+    return data

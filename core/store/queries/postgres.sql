@@ -1,0 +1,286 @@
+-- Named queries for PostgreSQL (psycopg %(name)s parameters). Loaded by schedlock.store.queries.
+-- Every statement that moves a row between states runs on the lock session of its scheduler
+-- and re-checks the term (fencing): a stale leader's write matches no row.
+
+-- name: register_key
+-- Record the key's lock ids; a different key text hashing to the same ids violates the UNIQUE.
+INSERT INTO schedlock_terms (scheduler, namespace, target, lock_classid, lock_objid)
+VALUES (%(scheduler)s, %(namespace)s, %(target)s, %(classid)s, %(objid)s)
+ON CONFLICT (scheduler, namespace, target) DO NOTHING;
+
+-- name: try_lock
+SELECT pg_try_advisory_lock(%(classid)s, %(objid)s) AS locked, pg_backend_pid() AS pid;
+
+-- name: lock
+SELECT pg_advisory_lock(%(classid)s, %(objid)s), pg_backend_pid() AS pid;
+
+-- name: unlock
+SELECT pg_advisory_unlock(%(classid)s, %(objid)s) AS released;
+
+-- name: lock_held
+-- Run in its own transaction after acquiring: a transaction-mode pooler fails it.
+SELECT pg_backend_pid() AS pid,
+       EXISTS (
+           SELECT 1 FROM pg_locks
+           WHERE locktype = 'advisory' AND classid = %(classid)s::int::oid
+             AND objid = %(objid)s::int::oid AND objsubid = 2
+             AND pid = pg_backend_pid() AND granted
+       ) AS held,
+       (SELECT client_port FROM pg_stat_activity WHERE pid = pg_backend_pid()) AS client_port;
+
+-- name: backend_pid
+SELECT pg_backend_pid() AS pid;
+
+-- name: configure_lock_session
+-- The lease: the server ends this session after lease_ms idle (a frozen or partitioned leader),
+-- and the server-side keepalives drop a vanished peer even while it waits for the lock.
+SELECT set_config('idle_session_timeout', %(lease_ms)s, false),
+       set_config('tcp_keepalives_idle', %(keepalive_idle)s, false),
+       set_config('tcp_keepalives_interval', %(keepalive_interval)s, false),
+       set_config('tcp_keepalives_count', '3', false),
+       current_setting('server_version_num')::int AS server_version;
+
+-- name: begin_term
+-- Bump the term right after acquiring; report how long the key was leaderless
+-- (from the previous term's last heartbeat or release, on the database clock).
+WITH prev AS (
+    SELECT term, holder, heartbeat_at, released_at FROM schedlock_terms
+    WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+    FOR UPDATE
+), bumped AS (
+    UPDATE schedlock_terms t
+    SET term = t.term + 1, holder = %(holder)s, since = now(), heartbeat_at = now(), released_at = NULL
+    FROM prev
+    WHERE t.scheduler = %(scheduler)s AND t.namespace = %(namespace)s AND t.target = %(target)s
+    RETURNING t.term, t.since
+)
+SELECT bumped.term,
+       prev.holder AS previous_holder,
+       extract(epoch FROM bumped.since - COALESCE(prev.released_at, prev.heartbeat_at))::float8 AS gap_seconds,
+       prev.released_at IS NOT NULL AS previous_released
+FROM bumped, prev;
+
+-- name: heartbeat
+-- Proves the lock session is alive, renews nothing (the lock is the lease) and reads the backlog.
+WITH hb AS (
+    UPDATE schedlock_terms SET heartbeat_at = now()
+    WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+      AND term = %(term)s
+    RETURNING term
+)
+SELECT (SELECT count(*) FROM hb) AS alive,
+       count(*) AS backlog,
+       extract(epoch FROM now() - min(p.next_attempt_at))::float8 AS oldest_due_age
+FROM schedlock_publishes p
+WHERE p.scheduler = %(scheduler)s AND p.namespace = %(namespace)s AND p.target = %(target)s
+  AND p.state IN ('scheduled', 'firing') AND p.next_attempt_at <= now();
+
+-- name: release_term
+UPDATE schedlock_terms SET heartbeat_at = now(), released_at = now()
+WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+  AND term = %(term)s;
+
+-- name: adopt_orphans
+-- Rows left in 'firing' by an earlier term: fire them again (same idempotency key).
+UPDATE schedlock_publishes p
+SET term = %(term)s, holder = %(holder)s, attempts = p.attempts + 1, fired_at = now(), updated_at = now()
+WHERE p.scheduler = %(scheduler)s AND p.namespace = %(namespace)s AND p.target = %(target)s
+  AND p.state = 'firing' AND p.term < %(term)s
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = p.scheduler AND t.namespace = p.namespace
+                AND t.target = p.target AND t.term = %(term)s)
+RETURNING p.id, p.uid, p.namespace, p.name, p.target, p.due_at, p.payload, p.attempts,
+          p.max_attempts, p.backoff_seconds, p.starting_deadline_seconds, now() AS db_now, true AS orphan;
+
+-- name: claim_due
+WITH due AS (
+    SELECT id FROM schedlock_publishes
+    WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+      AND state = 'scheduled' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE schedlock_publishes p
+SET state = 'firing', term = %(term)s, holder = %(holder)s, attempts = p.attempts + 1,
+    fired_at = now(), updated_at = now()
+FROM due
+WHERE p.id = due.id
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = p.scheduler AND t.namespace = p.namespace
+                AND t.target = p.target AND t.term = %(term)s)
+RETURNING p.id, p.uid, p.namespace, p.name, p.target, p.due_at, p.payload, p.attempts,
+          p.max_attempts, p.backoff_seconds, p.starting_deadline_seconds, now() AS db_now, false AS orphan;
+
+-- name: next_due
+SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 AS next_due_in
+FROM schedlock_publishes
+WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+  AND state = 'scheduled';
+
+-- name: complete
+-- One statement per batch of outcomes; one NOTIFY per batch for the operator.
+WITH v AS (
+    SELECT * FROM unnest(
+        %(ids)s::bigint[], %(outcomes)s::text[], %(next_attempts)s::timestamptz[],
+        %(statuses)s::int[], %(errors)s::text[], %(sent)s::bool[]
+    ) AS v(id, outcome, next_attempt_at, status, error, sent)
+), done AS (
+    UPDATE schedlock_publishes p
+    SET state = CASE v.outcome WHEN 'retry' THEN 'scheduled' ELSE v.outcome END,
+        next_attempt_at = COALESCE(v.next_attempt_at, p.next_attempt_at),
+        attempts = CASE WHEN v.sent THEN p.attempts ELSE p.attempts - 1 END,
+        last_status = v.status,
+        last_error = v.error,
+        finished_at = CASE WHEN v.outcome = 'retry' THEN NULL ELSE now() END,
+        updated_at = now()
+    FROM v
+    WHERE p.id = v.id AND p.state = 'firing' AND p.term = %(term)s
+      AND EXISTS (SELECT 1 FROM schedlock_terms t
+                  WHERE t.scheduler = %(scheduler)s AND t.namespace = %(namespace)s
+                    AND t.target = %(target)s AND t.term = %(term)s)
+    RETURNING p.id
+)
+SELECT count(*) AS completed,
+       pg_notify('schedlock_outcomes', json_build_object(
+           'scheduler', %(scheduler)s::text, 'namespace', %(namespace)s::text,
+           'target', %(target)s::text, 'term', %(term)s::bigint,
+           'ids', COALESCE(json_agg(done.id), '[]'::json))::text) AS notified
+FROM done;
+
+-- name: due_schedules
+SELECT s.id, s.uid, s.namespace, s.name, s.target, s.expression, s.time_zone, s.payload,
+       s.max_attempts, s.backoff_seconds, s.starting_deadline_seconds, s.watermark_at,
+       s.next_slot_at, now() AS db_now
+FROM schedlock_schedules s
+WHERE s.namespace = %(namespace)s AND s.target = %(target)s AND s.state = 'active'
+  AND (s.next_slot_at IS NULL OR s.next_slot_at <= now())
+ORDER BY s.id
+LIMIT %(limit)s;
+
+-- name: next_slot
+SELECT extract(epoch FROM min(next_slot_at) - now())::float8 AS next_due_in,
+       bool_or(next_slot_at IS NULL) AS unplanned
+FROM schedlock_schedules
+WHERE namespace = %(namespace)s AND target = %(target)s AND state = 'active';
+
+-- name: insert_slot
+-- Slot identity is unique per (schedule, slot time): the uid is schedule uid @ slot time.
+INSERT INTO schedlock_publishes (scheduler, namespace, name, uid, generation, schedule_id, target,
+                                 due_at, next_attempt_at, payload, max_attempts, backoff_seconds,
+                                 starting_deadline_seconds)
+SELECT 'recurring', s.namespace, s.name, %(slot_uid)s, s.generation, s.id, s.target,
+       %(slot_at)s, %(slot_at)s, s.payload, s.max_attempts, s.backoff_seconds, s.starting_deadline_seconds
+FROM schedlock_schedules s
+WHERE s.id = %(schedule_id)s
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = 'recurring' AND t.namespace = s.namespace
+                AND t.target = s.target AND t.term = %(term)s)
+ON CONFLICT (uid) DO NOTHING;
+
+-- name: advance_schedule
+UPDATE schedlock_schedules s
+SET watermark_at = %(watermark_at)s, next_slot_at = %(next_slot_at)s,
+    last_slot_at = COALESCE(%(fired_slot_at)s, s.last_slot_at), updated_at = now()
+WHERE s.id = %(schedule_id)s
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = 'recurring' AND t.namespace = s.namespace
+                AND t.target = s.target AND t.term = %(term)s);
+
+-- name: upsert_publish
+-- Idempotent per (uid, generation): a replay of the same generation changes nothing; a newer
+-- generation updates the spec, and re-arms a finished row only when its due time changed.
+INSERT INTO schedlock_publishes AS p (scheduler, namespace, name, uid, generation, target, due_at,
+                                      next_attempt_at, payload, max_attempts, backoff_seconds,
+                                      starting_deadline_seconds, state)
+VALUES ('publish', %(namespace)s, %(name)s, %(uid)s, %(generation)s, %(target)s, %(due_at)s,
+        %(due_at)s, %(payload)s, %(max_attempts)s, %(backoff_seconds)s,
+        %(starting_deadline_seconds)s, CASE WHEN %(suspended)s THEN 'suspended' ELSE 'scheduled' END)
+ON CONFLICT (uid) DO UPDATE
+SET generation = EXCLUDED.generation,
+    target = CASE WHEN p.state = 'firing' THEN p.target ELSE EXCLUDED.target END,
+    payload = EXCLUDED.payload,
+    max_attempts = EXCLUDED.max_attempts,
+    backoff_seconds = EXCLUDED.backoff_seconds,
+    starting_deadline_seconds = EXCLUDED.starting_deadline_seconds,
+    due_at = CASE WHEN p.state = 'firing' THEN p.due_at ELSE EXCLUDED.due_at END,
+    next_attempt_at = CASE
+        WHEN p.state = 'firing' THEN p.next_attempt_at
+        WHEN p.state IN ('scheduled', 'suspended') AND p.due_at = EXCLUDED.due_at THEN p.next_attempt_at
+        ELSE EXCLUDED.due_at END,
+    state = CASE
+        WHEN p.state = 'firing' THEN p.state
+        WHEN p.state IN ('published', 'failed', 'missed') AND p.due_at = EXCLUDED.due_at THEN p.state
+        WHEN %(suspended)s THEN 'suspended'
+        ELSE 'scheduled' END,
+    attempts = CASE
+        WHEN p.state IN ('published', 'failed', 'missed', 'cancelled') AND p.due_at <> EXCLUDED.due_at THEN 0
+        ELSE p.attempts END,
+    updated_at = now()
+WHERE p.generation < EXCLUDED.generation
+RETURNING p.id, p.state, (xmax = 0) AS inserted;
+
+-- name: cancel_publish
+UPDATE schedlock_publishes SET state = 'cancelled', finished_at = now(), updated_at = now()
+WHERE uid = %(uid)s AND state IN ('scheduled', 'suspended')
+RETURNING id;
+
+-- name: upsert_schedule
+INSERT INTO schedlock_schedules AS s (namespace, name, uid, generation, target, expression, time_zone,
+                                      payload, max_attempts, backoff_seconds,
+                                      starting_deadline_seconds, state)
+VALUES (%(namespace)s, %(name)s, %(uid)s, %(generation)s, %(target)s, %(expression)s, %(time_zone)s,
+        %(payload)s, %(max_attempts)s, %(backoff_seconds)s, %(starting_deadline_seconds)s,
+        CASE WHEN %(suspended)s THEN 'suspended' ELSE 'active' END)
+ON CONFLICT (uid) DO UPDATE
+SET generation = EXCLUDED.generation, target = EXCLUDED.target, expression = EXCLUDED.expression,
+    time_zone = EXCLUDED.time_zone, payload = EXCLUDED.payload,
+    max_attempts = EXCLUDED.max_attempts, backoff_seconds = EXCLUDED.backoff_seconds,
+    starting_deadline_seconds = EXCLUDED.starting_deadline_seconds,
+    state = EXCLUDED.state,
+    next_slot_at = CASE WHEN s.expression = EXCLUDED.expression AND s.time_zone = EXCLUDED.time_zone
+                        THEN s.next_slot_at ELSE NULL END,
+    watermark_at = CASE WHEN s.state <> 'active' AND EXCLUDED.state = 'active' THEN NULL ELSE s.watermark_at END,
+    updated_at = now()
+WHERE s.generation < EXCLUDED.generation
+RETURNING s.id, s.state, (xmax = 0) AS inserted;
+
+-- name: cancel_schedule
+WITH s AS (
+    UPDATE schedlock_schedules SET state = 'cancelled', updated_at = now()
+    WHERE uid = %(uid)s AND state <> 'cancelled' RETURNING id
+)
+UPDATE schedlock_publishes p SET state = 'cancelled', finished_at = now(), updated_at = now()
+FROM s WHERE p.schedule_id = s.id AND p.state IN ('scheduled', 'suspended')
+RETURNING p.id;
+
+-- name: key_status
+SELECT t.scheduler, t.namespace, t.target, t.term, t.holder, t.since, t.heartbeat_at, t.released_at,
+       (SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.classid = t.lock_classid::oid
+          AND l.objid = t.lock_objid::oid AND l.objsubid = 2 AND l.granted
+        LIMIT 1) AS lock_holder,
+       (SELECT count(*) FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.classid = t.lock_classid::oid
+          AND l.objid = t.lock_objid::oid AND l.objsubid = 2 AND NOT l.granted) AS waiters,
+       (SELECT count(*) FROM schedlock_publishes p
+        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+          AND p.state IN ('scheduled', 'firing') AND p.next_attempt_at <= now()) AS backlog,
+       (SELECT min(p.next_attempt_at) FROM schedlock_publishes p
+        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+          AND p.state = 'scheduled') AS next_due,
+       (SELECT max(p.finished_at) FROM schedlock_publishes p
+        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+          AND p.state = 'published') AS last_fire
+FROM schedlock_terms t
+ORDER BY t.namespace, t.target, t.scheduler;
+
+-- name: get_publish
+SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
+       state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at
+FROM schedlock_publishes WHERE uid = %(uid)s;
+
+-- name: publishes_by_id
+SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
+       state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at
+FROM schedlock_publishes WHERE id = ANY(%(ids)s::bigint[]);

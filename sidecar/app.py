@@ -1,0 +1,192 @@
+"""The ``schedlock sidecar`` process: settings -> database -> one elector per lock key.
+
+Tasks are supervised in one TaskGroup; SIGTERM/SIGINT start a staged shutdown (stop claiming,
+finish or abandon in-flight deliveries within the grace, unlock, exit 0).  A database that is
+down at start is retried with backoff while /readyz says why — no crash loop.  Errors no retry
+can fix (a transaction-mode pooler, a lock key collision, a schema newer than this binary)
+end the process with one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import sys
+
+from schedlock import logs
+from schedlock.settings import add_arguments, build
+from schedlock.sidecar.delivery import Deliverer
+from schedlock.sidecar.firing import Firer, FiringOptions
+from schedlock.sidecar.http import build_app, serve
+from schedlock.sidecar.lock import FATAL, KeyElector, first_leaf
+from schedlock.sidecar.metrics import SidecarMetrics
+from schedlock.sidecar.settings import SidecarSettings
+from schedlock.store import (
+    LockKey,
+    SchemaNotCurrent,
+    SchemaTooNew,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+)
+
+log = logging.getLogger("schedlock.sidecar")
+EXIT_FATAL = 1
+
+
+class Sidecar:
+    def __init__(self, settings: SidecarSettings, metrics: SidecarMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or SidecarMetrics()
+        self.store: Store = open_store(settings.database_url, application_name=settings.holder_name)
+        self.stopping = asyncio.Event()
+        self.electors: list[KeyElector] = []
+        self.schema_ok = False
+        self.not_ready_reason = "starting"
+        self.http_port: int | None = None
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.schema_ok:
+            return False, f"database not ready: {self.not_ready_reason}"
+        down = [str(e.key) for e in self.electors if not e.connected]
+        if down:
+            return False, "lock sessions not connected: " + ", ".join(down)
+        return True, "ok"
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        runner, self.http_port = await serve(
+            build_app(self.metrics.registry, self.readiness),
+            self.settings.http_host,
+            self.settings.http_port,
+        )
+        log.info(
+            "sidecar started",
+            extra={
+                "holder": self.settings.holder_name,
+                "namespace": self.settings.namespace,
+                "target": self.settings.target,
+                "dialect": self.store.dialect,
+                "http_port": self.http_port,
+                "lease_seconds": self.settings.lease_seconds,
+            },
+        )
+        try:
+            if not await self._bootstrap():
+                return 0
+            return await self._run_electors()
+        except (*FATAL, SchemaTooNew) as exc:
+            log.error("cannot run safely, exiting", extra={"error": str(exc)})
+            print(f"schedlock sidecar: error: {exc}", file=sys.stderr)
+            return EXIT_FATAL
+        finally:
+            await runner.cleanup()
+            await self.store.close()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("shutting down", extra={"signal": sig.name})
+        self.stopping.set()
+
+    async def _bootstrap(self) -> bool:
+        """Migrate (or wait for migrations) with backoff until the schema is current."""
+        delay = 0.5
+        while not self.stopping.is_set():
+            try:
+                if self.settings.migrate == "auto":
+                    await self.store.migrate()
+                status = await self.store.schema_status()
+                if status.current > status.latest:
+                    raise SchemaTooNew(
+                        f"the database schema is at migration {status.current} but this schedlock "
+                        f"knows only up to {status.latest}: upgrade schedlock"
+                    )
+                if not status.is_current:
+                    raise SchemaNotCurrent(
+                        f"schema at migration {status.current}, {status.latest} needed: "
+                        "run `schedlock migrate` with the owner role"
+                    )
+                self.schema_ok = True
+                self.metrics.database_up.set(1)
+                return True
+            except (StoreUnavailable, SchemaNotCurrent) as exc:
+                self.not_ready_reason = str(exc)
+                self.metrics.database_up.set(0)
+                log.warning(
+                    "database not ready, retrying", extra={"error": str(exc), "retry_in_s": delay}
+                )
+            except StoreError as exc:
+                self.not_ready_reason = str(exc)
+                log.warning(
+                    "database not usable yet, retrying",
+                    extra={"error": str(exc), "retry_in_s": delay},
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), delay)
+            delay = min(delay * 2, 10.0)
+        return False
+
+    async def _run_electors(self) -> int:
+        s = self.settings
+        poll = min(s.poll_seconds, 1.0) if self.store.dialect == "sqlite" else s.poll_seconds
+        options = FiringOptions(
+            batch_size=s.batch_size,
+            concurrency=s.concurrency,
+            poll_seconds=poll,
+            shutdown_grace_seconds=s.shutdown_grace_seconds,
+        )
+        async with Deliverer(
+            s.target_url,
+            timeout_seconds=s.request_timeout_seconds,
+            concurrency=s.concurrency * len(s.scheduler_names),
+            signing_secret=s.signing_secret(),
+            holder=s.holder_name,
+        ) as deliverer:
+            firer = Firer(self.store, deliverer, self.metrics, options, random.Random())
+            self.electors = [
+                KeyElector(
+                    self.store,
+                    LockKey(scheduler, s.namespace, s.target),
+                    holder=s.holder_name,
+                    lease_seconds=s.lease_seconds,
+                    heartbeat_seconds=s.heartbeat_seconds,
+                    step_down_after=s.step_down_after,
+                    metrics=self.metrics,
+                    work=firer,
+                )
+                for scheduler in s.scheduler_names
+            ]
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for elector in self.electors:
+                        group.create_task(elector.run(self.stopping), name=f"elector:{elector.key}")
+            except BaseExceptionGroup as group:
+                raise first_leaf(group) from None
+        log.info("sidecar stopped")
+        return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "sidecar",
+        help="run the lock-guarded scheduler loops next to an app container",
+        description=(
+            "Compete with the other replicas of this app for the lock of each scheduler key "
+            "(publish, recurring) x namespace x target; the leader claims due rows and POSTs "
+            "them to the app. Every flag can also be set by its SCHEDLOCK_* variable."
+        ),
+    )
+    add_arguments(parser, SidecarSettings)
+    parser.set_defaults(command=command, command_name="sidecar")
+
+
+def command(args: argparse.Namespace) -> int:
+    settings = build(SidecarSettings, args)
+    logs.configure(settings.log_level, settings.log_format)
+    return asyncio.run(Sidecar(settings).run())
