@@ -192,6 +192,16 @@ def database_url(raw: str) -> str:
     raise ValueError(f"must be a postgresql://… or sqlite:///path URL, got {redacted!r}")
 
 
+_HOST = re.compile(r"^[A-Za-z0-9.:-]{1,253}$")
+
+
+def host(raw: str) -> str:
+    value = raw.strip()
+    if not _HOST.match(value):
+        raise ValueError(f"must be a host name or IP address to bind to, got {raw!r}")
+    return value
+
+
 def readable_file(raw: str) -> Path:
     path = Path(raw.strip())
     if not path.is_file():

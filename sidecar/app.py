@@ -115,6 +115,8 @@ class Sidecar:
                 self.schema_ok = True
                 self.metrics.database_up.set(1)
                 return True
+            except FATAL:
+                raise
             except (StoreUnavailable, SchemaNotCurrent) as exc:
                 self.not_ready_reason = str(exc)
                 self.metrics.database_up.set(0)

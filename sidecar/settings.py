@@ -11,6 +11,7 @@ from schedlock.settings import (
     choice,
     database_url,
     dns_label,
+    host,
     http_url,
     integer,
     number,
@@ -62,7 +63,7 @@ class SidecarSettings:
         env="SCHEDLOCK_HTTP_HOST",
         help="address the metrics/health server binds to",
         default="0.0.0.0",
-        parse=text(253),
+        parse=host,
         unit="address",
     )
     holder: str = setting(

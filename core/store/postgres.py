@@ -62,6 +62,18 @@ UNSAFE_POOLER = (
 )
 
 
+AFFINITY_PROBES = 1  # each probe is one more server connection for a moment
+_AFFINITY_LOCKS: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+
+def _affinity_lock() -> asyncio.Lock:
+    """One affinity check at a time per process: our own sessions must not mask a pooler."""
+    loop = asyncio.get_running_loop()
+    if loop not in _AFFINITY_LOCKS:
+        _AFFINITY_LOCKS[loop] = asyncio.Lock()
+    return _AFFINITY_LOCKS[loop]
+
+
 def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
@@ -266,32 +278,48 @@ class PostgresLockSession:
         """Confirm from a second transaction that pg_locks shows the lock for this backend.
 
         A direct connection (the backend sees our own client port) passes at once.  Behind a
-        proxy we also pin a second client in an open transaction and check again: a pooler in
-        transaction mode hands our next statement to another server session (or to the pinned
-        one), which fails the check.  Failing means refusing to run, never running unguarded.
+        proxy, probe clients hold transactions open on the pool's server sessions (a pooler
+        hands out its most recently used one first) and we check again after each: a pooler
+        in transaction mode gives a probe our lock's server session, or moves our next
+        statement to another one.  Checks run one at a time per process, and every heartbeat
+        re-checks the backend pid.  Failing means refusing to run, never running unguarded.
         """
-        row = await self._fetchone("lock_held", self.key.params())
-        if not row["held"] or int(row["pid"]) != self._lock_pid:
-            raise UnsafeConnection(UNSAFE_POOLER)
-        if row["client_port"] is not None and row["client_port"] == self._local_port():
-            return
-        probe = await connect(self.url, application_name=f"{self.holder}-probe")
-        try:
-            async with probe.transaction():
-                cur = await probe.execute(Q["backend_pid"])
-                pinned = await cur.fetchone()
-                if pinned is None or int(pinned["pid"]) == self._lock_pid:
-                    raise UnsafeConnection(UNSAFE_POOLER)
-                try:
-                    again = await asyncio.wait_for(
-                        self._fetchone("lock_held", self.key.params()), timeout=5
-                    )
-                except TimeoutError as exc:
-                    raise UnsafeConnection(UNSAFE_POOLER) from exc
-                if not again["held"] or int(again["pid"]) != self._lock_pid:
-                    raise UnsafeConnection(UNSAFE_POOLER)
-        finally:
-            await probe.close()
+        async with _affinity_lock():
+            row = await self._fetchone("lock_held", self.key.params())
+            if not row["held"] or int(row["pid"]) != self._lock_pid:
+                raise UnsafeConnection(UNSAFE_POOLER)
+            if row["client_port"] is not None and row["client_port"] == self._local_port():
+                return
+            async with contextlib.AsyncExitStack() as probes:
+                for round_ in range(AFFINITY_PROBES):
+                    try:
+                        _probe, pinned = await asyncio.wait_for(
+                            self._pin_probe(probes, round_), timeout=10
+                        )
+                    except TimeoutError as exc:
+                        raise StoreUnavailable(
+                            "could not open a probe connection to verify session affinity "
+                            "(pool exhausted?)"
+                        ) from exc
+                    if pinned is None or int(pinned["pid"]) == self._lock_pid:
+                        raise UnsafeConnection(UNSAFE_POOLER)
+                    try:
+                        again = await asyncio.wait_for(
+                            self._fetchone("lock_held", self.key.params()), timeout=5
+                        )
+                    except TimeoutError as exc:
+                        raise UnsafeConnection(UNSAFE_POOLER) from exc
+                    if not again["held"] or int(again["pid"]) != self._lock_pid:
+                        raise UnsafeConnection(UNSAFE_POOLER)
+
+    async def _pin_probe(
+        self, probes: contextlib.AsyncExitStack, round_: int
+    ) -> tuple[Conn, DictRow | None]:
+        probe = await connect(self.url, application_name=f"{self.holder}-probe{round_}")
+        probes.push_async_callback(probe.close)
+        await probes.enter_async_context(probe.transaction())
+        cur = await probe.execute(Q["backend_pid"])
+        return probe, await cur.fetchone()
 
     async def begin_term(self) -> TermStart:
         row = await self._fetchone("begin_term", {**self.key.params(), "holder": self.holder})
@@ -304,6 +332,9 @@ class PostgresLockSession:
 
     async def heartbeat(self, term: int) -> Heartbeat:
         row = await self._fetchone("heartbeat", {**self.key.params(), "term": term})
+        if self._lock_pid is not None and int(row["pid"]) != self._lock_pid:
+            # Continuous affinity check at no cost: a pooler moved us to another server session.
+            raise UnsafeConnection(UNSAFE_POOLER)
         if not row["alive"]:
             raise LeadershipLost(f"term {term} of {self.key} was superseded")
         return Heartbeat(

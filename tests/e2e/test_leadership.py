@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 
+from tests.support.checks import assert_duplicates_only_across_crash
 from tests.support.pg_fixtures import PostgresService
 from tests.support.rows import insert_rows, row_states
 from tests.support.sidecars import SidecarGroup, wait_for
@@ -87,23 +88,6 @@ def test_sigkill_failover_is_fast_and_loses_nothing(
     delivered = {str(e["uid"]) for e in arrivals(group)}
     assert delivered == set(uids)
     assert_duplicates_only_across_crash(arrivals(group), crashed={leader.name})
-
-
-def assert_duplicates_only_across_crash(
-    entries: list[dict[str, object]], crashed: set[str]
-) -> None:
-    """A uid may arrive twice only when a crashed holder's delivery was re-fired, same key."""
-    by_uid: dict[str, list[dict[str, object]]] = collections.defaultdict(list)
-    for entry in entries:
-        by_uid[str(entry["uid"])].append(entry)
-    for uid, got in by_uid.items():
-        if len(got) == 1:
-            continue
-        keys = {e["key"] for e in got}
-        assert len(keys) == 1, f"{uid} delivered under different idempotency keys: {keys}"
-        first, *rest = sorted(got, key=lambda e: float(str(e["arrival"])))
-        assert first["holder"] in crashed, f"{uid} delivered twice without a crash: {got}"
-        assert all(int(str(e["term"])) > int(str(first["term"])) for e in rest), got
 
 
 def test_sigstop_past_the_lease(group: SidecarGroup, migrated_database: str) -> None:

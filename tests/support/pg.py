@@ -286,7 +286,7 @@ class PgBouncer:
             f"auth_file = {home / 'userlist.txt'}\n"
             f"pool_mode = {self.pool_mode}\n"
             "max_client_conn = 200\n"
-            "default_pool_size = 5\n"
+            "default_pool_size = 10\n"
             "ignore_startup_parameters = extra_float_digits,options,application_name\n"
             f"logfile = {home / 'pgbouncer.log'}\n"
         )

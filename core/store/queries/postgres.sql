@@ -69,6 +69,7 @@ WITH hb AS (
     RETURNING term
 )
 SELECT (SELECT count(*) FROM hb) AS alive,
+       pg_backend_pid() AS pid,
        count(*) AS backlog,
        extract(epoch FROM now() - min(p.next_attempt_at))::float8 AS oldest_due_age
 FROM schedlock_publishes p

@@ -1,0 +1,135 @@
+"""The command line as people meet it: help, bad settings, migrate/publish/status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from schedlock.settings import specs
+from schedlock.sidecar.settings import SidecarSettings
+
+SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
+GOOD = {
+    "SCHEDLOCK_DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none",
+    "SCHEDLOCK_TARGET": "demo",
+}
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")}
+    return subprocess.run(
+        [SCHEDLOCK, *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+# One bad value per setting (every setting of the sidecar must appear here).
+BAD_VALUES: dict[str, tuple[str, str]] = {
+    "SCHEDLOCK_DATABASE_URL": ("mysql://u:secret@h/db", "postgresql://"),
+    "SCHEDLOCK_NAMESPACE": ("Not_A_Label", "DNS label"),
+    "SCHEDLOCK_TARGET": ("-bad-", "DNS label"),
+    "SCHEDLOCK_TARGET_URL": ("ftp://x/y", "http:// or https://"),
+    "SCHEDLOCK_HTTP_PORT": ("70000", "from 0 to 65535"),
+    "SCHEDLOCK_HTTP_HOST": ("not a host!", "host name or IP address"),
+    "SCHEDLOCK_HOLDER": ("x" * 80, "1 to 63"),
+    "SCHEDLOCK_LEASE_SECONDS": ("1", "from 2 to 300"),
+    "SCHEDLOCK_HEARTBEAT_SECONDS": ("abc", "a number"),
+    "SCHEDLOCK_BATCH_SIZE": ("0", "from 1 to 10000"),
+    "SCHEDLOCK_CONCURRENCY": ("lots", "whole number"),
+    "SCHEDLOCK_REQUEST_TIMEOUT_SECONDS": ("-1", "from 0.1 to 600"),
+    "SCHEDLOCK_POLL_SECONDS": ("nan", "from 0.1 to 3600"),
+    "SCHEDLOCK_SHUTDOWN_GRACE_SECONDS": ("1e9", "from 0 to 600"),
+    "SCHEDLOCK_SIGNING_SECRET_FILE": ("/no/such/file", "readable file"),
+    "SCHEDLOCK_SCHEDULERS": ("all", "one of both, publish, recurring"),
+    "SCHEDLOCK_MIGRATE": ("yes", "one of auto, off"),
+    "SCHEDLOCK_LOG_LEVEL": ("loud", "one of debug"),
+    "SCHEDLOCK_LOG_FORMAT": ("xml", "one of json, text"),
+}
+
+
+def test_every_setting_is_in_the_table() -> None:
+    assert {spec.env for _, spec in specs(SidecarSettings)} == set(BAD_VALUES)
+
+
+@pytest.mark.parametrize("env_name", sorted(BAD_VALUES))
+def test_bad_setting_is_one_line_and_exit_2(env_name: str) -> None:
+    value, allowed = BAD_VALUES[env_name]
+    result = run("sidecar", env={**GOOD, env_name: value})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("schedlock sidecar: error: --")
+    assert env_name in lines[0]
+    assert allowed in lines[0]
+    assert ":secret@" not in lines[0]  # credentials in URLs are never echoed
+    assert "Traceback" not in result.stderr
+
+
+def test_flags_override_environment() -> None:
+    result = run("sidecar", "--lease-seconds", "1", env={**GOOD, "SCHEDLOCK_LEASE_SECONDS": "10"})
+    assert result.returncode == 2 and "--lease-seconds" in result.stderr
+
+
+def test_cross_field_rule_names_both_settings() -> None:
+    result = run(
+        "sidecar", env={**GOOD, "SCHEDLOCK_LEASE_SECONDS": "6", "SCHEDLOCK_HEARTBEAT_SECONDS": "3"}
+    )
+    assert result.returncode == 2
+    assert "SCHEDLOCK_HEARTBEAT_SECONDS" in result.stderr and "third of the lease" in result.stderr
+
+
+def test_missing_required_settings() -> None:
+    result = run("sidecar", env={"SCHEDLOCK_TARGET": "demo"})
+    assert result.returncode == 2 and "SCHEDLOCK_DATABASE_URL: is required" in result.stderr
+    result = run("migrate")
+    assert result.returncode == 2 and "SCHEDLOCK_DATABASE_URL: is required" in result.stderr
+
+
+def test_help_documents_every_setting() -> None:
+    text = run("sidecar", "--help").stdout
+    for _, spec in specs(SidecarSettings):
+        assert spec.flag in text and spec.env in text
+
+
+def test_migrate_publish_status_round_trip(migrated_database: str) -> None:
+    env = {"SCHEDLOCK_DATABASE_URL": migrated_database}
+    assert "schema is current" in run("migrate", env=env).stdout
+    published = run(
+        "publish",
+        "--target",
+        "billing",
+        "--at",
+        "2030-01-01T09:00:00Z",
+        "--payload",
+        '{"q": "\\"quoted\\" ü; DROP TABLE x;--"}',
+        "--namespace",
+        "shop",
+        env=env,
+    )
+    assert published.returncode == 0, published.stderr
+    row = json.loads(published.stdout)
+    assert row["dueAt"] == "2030-01-01T09:00:00Z" and row["target"] == "billing"
+    bad = run("publish", "--target", "billing", "--at", "tomorrow", env=env)
+    assert bad.returncode == 2 and "--at" in bad.stderr and "RFC 3339" in bad.stderr
+    bad_json = run("publish", "--target", "billing", "--at", "now", "--payload", "[1]", env=env)
+    assert bad_json.returncode == 2 and "JSON object" in bad_json.stderr
+    bad_cron = run("schedule", "--target", "billing", "--cron", "61 * * * *", env=env)
+    assert bad_cron.returncode == 2 and "out of range" in bad_cron.stderr
+    assert run("status", env=env).stdout.startswith("no lock keys yet")
+
+
+def test_unreachable_database_is_a_clear_error() -> None:
+    result = run("status", env={"SCHEDLOCK_DATABASE_URL": "postgresql://u@127.0.0.1:9/db"})
+    assert result.returncode == 1
+    assert result.stderr.startswith("schedlock status: error: cannot read the status:")
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,194 @@
+"""Delivery policy with a real sidecar and a real app: retries, failures, deadlines, signatures."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support.rows import insert_rows
+from tests.support.sidecars import SidecarGroup, wait_for
+
+SECRET = b"s3cret-signing-key"
+
+
+@pytest.fixture
+def app(tmp_path: Path, migrated_database: str) -> Iterator[SidecarGroup]:
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET + b"\n")
+    group = SidecarGroup(
+        tmp_path,
+        migrated_database,
+        replicas=1,
+        extra_env={
+            "SCHEDLOCK_REQUEST_TIMEOUT_SECONDS": "0.5",
+            "SCHEDLOCK_SIGNING_SECRET_FILE": str(secret),
+        },
+    ).start()
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+def states(url: str, prefix: str) -> dict[str, tuple[str, int, str | None, int | None]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT uid, state, attempts, last_error, last_status FROM schedlock_publishes "
+            "WHERE uid LIKE %s",
+            (prefix + "-%",),
+        ).fetchall()
+    return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
+
+
+def finished(url: str, prefix: str, count: int) -> bool:
+    got = states(url, prefix)
+    return len(got) == count and all(s[0] not in ("scheduled", "firing") for s in got.values())
+
+
+def test_success_is_published_once_and_signed(app: SidecarGroup, migrated_database: str) -> None:
+    insert_rows(migrated_database, 5, start_in=0.2, spacing=0.05, prefix="ok")
+    wait_for(lambda: finished(migrated_database, "ok", 5), timeout=20, what="rows to finish")
+    assert {s[0] for s in states(migrated_database, "ok").values()} == {"published"}
+    assert app.receiver is not None
+    entries = app.receiver.entries()
+    assert len(entries) == 5
+    for entry in entries:
+        assert str(entry["key"]).startswith(f"{entry['uid']}/")
+        signature = str(entry["signature"])
+        timestamp, mac = dict(p.split("=", 1) for p in signature.split(",")).values()
+        assert timestamp.isdigit()
+        assert len(mac) == 64
+
+
+def test_signature_verifies_with_the_documented_scheme(
+    tmp_path: Path, migrated_database: str
+) -> None:
+    """t=<unix>,v1=hex(HMAC-SHA256(secret, "<t>." + raw body)) — recomputed from the raw body."""
+    import asyncio
+    import threading
+
+    from aiohttp import web  # a custom app that sees the raw body
+
+    from tests.support.pg import free_port
+    from tests.support.sidecars import SidecarProcess
+
+    port = free_port()
+    seen: list[bool] = []
+    loop = asyncio.new_event_loop()
+
+    async def hook(request: web.Request) -> web.Response:
+        body = await request.read()
+        parts = dict(p.split("=", 1) for p in request.headers["X-Schedlock-Signature"].split(","))
+        expected = hmac.new(SECRET, f"{parts['t']}.".encode() + body, hashlib.sha256).hexdigest()
+        seen.append(hmac.compare_digest(expected, parts["v1"]))
+        json.loads(body)
+        return web.Response(text="ok")
+
+    async def serve() -> web.AppRunner:
+        application = web.Application()
+        application.router.add_post("/schedlock", hook)
+        runner = web.AppRunner(application)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    runner = loop.run_until_complete(serve())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    sidecar = SidecarProcess(
+        "signer",
+        tmp_path,
+        {
+            "SCHEDLOCK_DATABASE_URL": migrated_database,
+            "SCHEDLOCK_TARGET": "demo",
+            "SCHEDLOCK_TARGET_URL": f"http://127.0.0.1:{port}/schedlock",
+            "SCHEDLOCK_SIGNING_SECRET_FILE": str(secret),
+        },
+    ).start()
+    try:
+        insert_rows(migrated_database, 3, start_in=0.1, prefix="sig")
+        wait_for(lambda: len(seen) == 3, timeout=20, what="three signed deliveries")
+        assert all(seen)
+    finally:
+        sidecar.stop()
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def test_5xx_is_retried_with_the_same_key(app: SidecarGroup, migrated_database: str) -> None:
+    assert app.receiver is not None
+    app.receiver.control(fail_first=2)
+    insert_rows(
+        migrated_database, 3, start_in=0.2, prefix="retry", max_attempts=5, backoff_seconds=0.1
+    )
+    wait_for(lambda: finished(migrated_database, "retry", 3), timeout=30, what="retries to finish")
+    for state, attempts, _, status in states(migrated_database, "retry").values():
+        assert (state, attempts, status) == ("published", 3, 200)
+    by_uid: dict[str, list[dict[str, object]]] = {}
+    for entry in app.receiver.entries():
+        by_uid.setdefault(str(entry["uid"]), []).append(entry)
+    for got in by_uid.values():
+        assert [e["status"] for e in got] == [503, 503, 200]
+        assert [e["attempt"] for e in got] == [1, 2, 3]
+        assert len({e["key"] for e in got}) == 1
+
+
+def test_other_4xx_fails_at_once(app: SidecarGroup, migrated_database: str) -> None:
+    assert app.receiver is not None
+    app.receiver.control(status=404)
+    insert_rows(migrated_database, 2, start_in=0.2, prefix="gone", max_attempts=5)
+    wait_for(lambda: finished(migrated_database, "gone", 2), timeout=20, what="rows to fail")
+    for state, attempts, error, status in states(migrated_database, "gone").values():
+        assert (state, attempts, status) == ("failed", 1, 404)
+        assert error is not None and "HTTP 404" in error
+
+
+def test_retries_give_up_after_the_attempt_limit(app: SidecarGroup, migrated_database: str) -> None:
+    assert app.receiver is not None
+    app.receiver.control(status=503)
+    insert_rows(
+        migrated_database, 2, start_in=0.2, prefix="down", max_attempts=3, backoff_seconds=0.05
+    )
+    wait_for(lambda: finished(migrated_database, "down", 2), timeout=30, what="rows to fail")
+    for state, attempts, error, status in states(migrated_database, "down").values():
+        assert (state, attempts, status) == ("failed", 3, 503)
+        assert error is not None and "gave up after 3 attempts" in error
+
+
+def test_a_hanging_app_times_out_and_is_retried(app: SidecarGroup, migrated_database: str) -> None:
+    assert app.receiver is not None
+    app.receiver.control(hang=True)
+    insert_rows(
+        migrated_database, 1, start_in=0.1, prefix="hang", max_attempts=2, backoff_seconds=0.05
+    )
+    wait_for(lambda: finished(migrated_database, "hang", 1), timeout=30, what="the row to fail")
+    [(state, attempts, error, status)] = states(migrated_database, "hang").values()
+    assert (state, attempts, status) == ("failed", 2, None)
+    assert error is not None and "timeout after 0.5s" in error
+
+
+def test_past_the_starting_deadline_is_missed_not_fired(
+    app: SidecarGroup, migrated_database: str
+) -> None:
+    insert_rows(migrated_database, 2, start_in=-30, prefix="late", deadline_seconds=5)
+    insert_rows(migrated_database, 1, start_in=-3, prefix="intime", deadline_seconds=60)
+    wait_for(
+        lambda: finished(migrated_database, "late", 2) and finished(migrated_database, "intime", 1),
+        timeout=20,
+        what="rows to finish",
+    )
+    for state, attempts, error, _ in states(migrated_database, "late").values():
+        assert (state, attempts) == ("missed", 0)
+        assert error is not None and "starting deadline of 5s passed" in error
+    assert [s[0] for s in states(migrated_database, "intime").values()] == ["published"]
+    assert app.receiver is not None
+    assert {str(e["uid"]).split("-")[0] for e in app.receiver.entries()} == {"intime"}

@@ -1,0 +1,58 @@
+"""Refusal to run behind a transaction-mode pooler, against a real PgBouncer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.support.pg import PgBouncer
+from tests.support.sidecars import SidecarProcess, wait_for
+
+
+def run_sidecar(tmp_path: Path, url: str, name: str) -> SidecarProcess:
+    return SidecarProcess(
+        name,
+        tmp_path,
+        {
+            "SCHEDLOCK_DATABASE_URL": url,
+            "SCHEDLOCK_TARGET": "demo",
+            "SCHEDLOCK_TARGET_URL": "http://127.0.0.1:9/schedlock",
+            "SCHEDLOCK_MIGRATE": "off",  # the owner migrated directly, as in production
+            "SCHEDLOCK_LOG_FORMAT": "text",
+        },
+    ).start()
+
+
+def test_transaction_mode_pooler_is_refused_with_one_line(
+    tmp_path: Path, migrated_database: str, pgbouncer_factory: Callable[[str], PgBouncer]
+) -> None:
+    bouncer = pgbouncer_factory("transaction")
+    dbname = migrated_database.rsplit("/", 1)[1]
+    sidecar = run_sidecar(tmp_path, bouncer.url(dbname), "pooled")
+    code = sidecar.wait(timeout=30)
+    assert code == 1
+    errors = [
+        line
+        for line in sidecar.log_text().splitlines()
+        if line.startswith("schedlock sidecar: error:")
+    ]
+    assert len(errors) == 1, sidecar.log_text()
+    assert "transaction mode" in errors[0] and "advisory locks would guard nothing" in errors[0]
+
+
+def test_session_mode_pooler_is_accepted(
+    tmp_path: Path, migrated_database: str, pgbouncer_factory: Callable[[str], PgBouncer]
+) -> None:
+    bouncer = pgbouncer_factory("session")
+    dbname = migrated_database.rsplit("/", 1)[1]
+    sidecar = run_sidecar(tmp_path, bouncer.url(dbname), "session-pooled")
+    try:
+        sidecar.wait_ready(timeout=20)
+        wait_for(
+            lambda: sidecar.leads("publish") and sidecar.leads("recurring"),
+            timeout=10,
+            what="leadership through a session-mode pooler",
+        )
+    finally:
+        sidecar.stop()
+    assert sidecar.process is not None and sidecar.process.returncode == 0

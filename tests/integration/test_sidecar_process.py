@@ -1,0 +1,91 @@
+"""The sidecar process's edges: /metrics (checked by promtool), /healthz, /readyz, start-up."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support.pg import PostgresServer, free_port
+from tests.support.rows import insert_rows
+from tests.support.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
+
+REQUIRED = [
+    "schedlock_leader",
+    "schedlock_leadership_transitions_total",
+    "schedlock_handover_gap_seconds",
+    "schedlock_fire_lateness_seconds",
+    "schedlock_fires_total",
+    "schedlock_due_backlog",
+    "schedlock_last_tick_timestamp_seconds",
+    "schedlock_build_info",
+]
+
+
+def test_metrics_are_valid_and_complete(
+    tmp_path: Path, migrated_database: str, promtool_bin: Path
+) -> None:
+    group = SidecarGroup(tmp_path, migrated_database, replicas=2).start()
+    try:
+        leader = group.wait_leader()
+        insert_rows(migrated_database, 10, start_in=0.2, spacing=0.01, prefix="m")
+        wait_for(
+            lambda: (
+                leader.metrics().get(
+                    'schedlock_fires_total{namespace="default",outcome="published",scheduler="publish",'
+                    'target="demo"}'
+                )
+                == 10
+            ),
+            timeout=15,
+            what="10 published fires in the metrics",
+        )
+        status, text = http_get(leader.url("/metrics"))
+        assert status == 200
+        check = subprocess.run(
+            [str(promtool_bin), "check", "metrics"],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        for name in REQUIRED:
+            assert f"# HELP {name} " in text, name
+        values = leader.metrics()
+        follower = next(s for s in group if s is not leader)
+        labels = 'namespace="default",scheduler="publish",target="demo"'
+        assert values[f"schedlock_leader{{{labels}}}"] == 1
+        assert follower.metrics()[f"schedlock_leader{{{labels}}}"] == 0
+        assert values[f"schedlock_fire_lateness_seconds_count{{{labels}}}"] == 10
+    finally:
+        group.stop()
+
+
+def test_database_down_at_start_waits_not_ready_then_recovers(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    sidecar = SidecarProcess(
+        "early",
+        tmp_path,
+        {
+            "SCHEDLOCK_DATABASE_URL": url,
+            "SCHEDLOCK_TARGET": "demo",
+            "SCHEDLOCK_TARGET_URL": "http://127.0.0.1:9/schedlock",
+        },
+    ).start()
+    server = PostgresServer(tmp_path / "late-postgres", port=port)
+    try:
+        wait_for(lambda: http_get(sidecar.url("/healthz"))[0] == 200, timeout=15, what="/healthz")
+        status, reason = http_get(sidecar.url("/readyz"))
+        assert status == 503 and "database not ready" in reason
+        time.sleep(2)
+        assert sidecar.alive(), "the sidecar must wait for the database, not crash-loop"
+        server.start()
+        sidecar.wait_ready(timeout=30)
+        wait_for(lambda: sidecar.leads("publish"), timeout=10, what="leadership after recovery")
+        assert "database not ready, retrying" in sidecar.log_text()
+    finally:
+        sidecar.stop()
+        server.destroy()
+    assert sidecar.process is not None and sidecar.process.returncode == 0

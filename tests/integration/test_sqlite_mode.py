@@ -1,0 +1,89 @@
+"""SQLite mode: one process, always leader, the same loops fire the same rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.sidecars import ReceiverProcess, SidecarProcess, wait_for
+
+SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
+
+
+def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCHEDLOCK, *args],
+        env={"SCHEDLOCK_DATABASE_URL": url, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> ReceiverProcess:
+    rx = ReceiverProcess(tmp_path / "rx").start()
+    yield rx  # type: ignore[misc]
+    rx.stop()
+
+
+def test_sqlite_sidecar_fires_one_shot_and_recurring(
+    tmp_path: Path, receiver: ReceiverProcess
+) -> None:
+    url = f"sqlite:///{tmp_path / 'dev.db'}"
+    assert cli("migrate", url=url).returncode == 0
+    sidecar = SidecarProcess(
+        "solo",
+        tmp_path,
+        {
+            "SCHEDLOCK_DATABASE_URL": url,
+            "SCHEDLOCK_TARGET": "demo",
+            "SCHEDLOCK_TARGET_URL": receiver.url,
+        },
+    ).start()
+    try:
+        sidecar.wait_ready()
+        uids = []
+        for i in range(3):
+            out = cli(
+                "publish",
+                "--target",
+                "demo",
+                "--at",
+                f"+{0.2 + i * 0.2:.1f}s",
+                "--payload",
+                json.dumps({"n": i, "quote": "it's"}),
+                url=url,
+            )
+            assert out.returncode == 0, out.stderr
+            uids.append(json.loads(out.stdout)["uid"])
+        assert cli("schedule", "--target", "demo", "--cron", "@every 1s", url=url).returncode == 0
+        wait_for(
+            lambda: {e["uid"] for e in receiver.entries()} >= set(uids),
+            timeout=15,
+            what="the one-shot rows",
+        )
+        wait_for(
+            lambda: sum("@" in str(e["uid"]) for e in receiver.entries()) >= 2,
+            timeout=15,
+            what="two recurring slots",
+        )
+        entries = receiver.entries()
+        assert {e["holder"] for e in entries} == {
+            "solo"
+        }  # the replica; the term holder is the sentinel
+        assert sorted(e["payload"]["n"] for e in entries if e["uid"] in uids) == [0, 1, 2]
+        status = cli("status", "--json", url=url)
+        rows = json.loads(status.stdout)
+        assert {(r["scheduler"], r["leader"]) for r in rows} == {
+            ("publish", "sqlite-leader"),
+            ("recurring", "sqlite-leader"),
+        }
+        assert sidecar.leads("publish") and sidecar.leads("recurring")
+    finally:
+        sidecar.stop()
+    assert sidecar.process is not None and sidecar.process.returncode == 0

@@ -1,0 +1,250 @@
+"""The store against real databases: migrations, idempotent upserts, fencing, orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from schedlock.store import (
+    Completion,
+    LeadershipLost,
+    LockKey,
+    LockKeyCollision,
+    PublishSpec,
+    SchemaTooNew,
+    open_store,
+)
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID
+from schedlock.store.migrations import migrations
+
+KEY = LockKey("publish", "default", "demo")
+
+
+def pg_schema(url: str) -> dict[str, set[str]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = 'public' AND table_name LIKE 'schedlock_%'"
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'public' "
+            "AND indexname LIKE 'schedlock_%' AND indexname NOT LIKE '%pkey' "
+            "AND indexname NOT LIKE '%_key'"
+        ).fetchall()
+    schema: dict[str, set[str]] = {}
+    for table, column in rows:
+        schema.setdefault(table, set()).add(column)
+    schema["<indexes>"] = {i for (i,) in indexes}
+    return schema
+
+
+def sqlite_schema(path: Path) -> dict[str, set[str]]:
+    conn = sqlite3.connect(path)
+    schema: dict[str, set[str]] = {}
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'schedlock_%'"
+        )
+    ]
+    for table in tables:
+        schema[table] = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+    schema["<indexes>"] = {
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'schedlock_%'"
+        )
+    }
+    conn.close()
+    return schema
+
+
+def test_migrations_replay_to_the_same_schema_on_both_dialects(
+    database: str, tmp_path: Path
+) -> None:
+    assert [(m.id, m.name) for m in migrations("postgres")] == [
+        (m.id, m.name) for m in migrations("sqlite")
+    ]
+    sqlite_path = tmp_path / "schedlock.db"
+    assert asyncio.run(open_store(database).migrate()) == [m.id for m in migrations("postgres")]
+    assert asyncio.run(open_store(f"sqlite:///{sqlite_path}").migrate()) == [
+        m.id for m in migrations("sqlite")
+    ]
+    pg, lite = pg_schema(database), sqlite_schema(sqlite_path)
+    assert pg == lite
+    assert {
+        "schedlock_publishes",
+        "schedlock_schedules",
+        "schedlock_terms",
+        "schedlock_migrations",
+    } <= set(pg)
+    # replaying is a no-op
+    assert asyncio.run(open_store(database).migrate()) == []
+    assert asyncio.run(open_store(f"sqlite:///{sqlite_path}").migrate()) == []
+
+
+def test_concurrent_migrations_are_serialised(database: str) -> None:
+    async def race() -> list[list[int]]:
+        return list(await asyncio.gather(*(open_store(database).migrate() for _ in range(4))))
+
+    results = asyncio.run(race())
+    assert sorted(len(r) for r in results) == [0, 0, 0, len(migrations("postgres"))]
+
+
+def test_schema_newer_than_the_binary_is_refused(migrated_database: str) -> None:
+    with psycopg.connect(migrated_database, autocommit=True) as conn:
+        conn.execute("INSERT INTO schedlock_migrations (id, name) VALUES (999, 'from_the_future')")
+    with pytest.raises(SchemaTooNew, match="never downgrades"):
+        asyncio.run(open_store(migrated_database).migrate())
+
+
+def spec(uid: str = "u1", generation: int = 1, due_in: float = 60) -> PublishSpec:
+    return PublishSpec(
+        namespace="default",
+        name="n",
+        uid=uid,
+        target="demo",
+        generation=generation,
+        due_at=datetime.now(UTC) + timedelta(seconds=due_in),
+        payload={"q": 'it\'s "quoted" ü'},
+    )
+
+
+def test_upsert_is_idempotent_per_generation(migrated_database: str) -> None:
+    store = open_store(migrated_database)
+    first = spec(due_in=60)
+
+    async def run() -> None:
+        created = await store.upsert_publish(first)
+        assert created.inserted and created.state == "scheduled"
+        replay = await store.upsert_publish(first)
+        assert replay.id is None  # same generation: nothing changed
+        moved = await store.upsert_publish(spec(generation=2, due_in=120))
+        assert moved.id == created.id and not moved.inserted
+        record = await store.get_publish("u1")
+        assert record is not None
+        assert record.generation == 2
+        assert record.payload == {"q": 'it\'s "quoted" ü'}
+        assert abs((record.due_at - first.due_at).total_seconds() - 60) < 1
+
+    asyncio.run(run())
+
+
+async def _leader(url: str, holder: str) -> tuple[object, int]:
+    store = open_store(url)
+    session = store.lock_session(KEY, holder, 10)
+    await session.connect()
+    await session.acquire()
+    start = await session.begin_term()
+    return session, start.term
+
+
+def test_a_stale_term_cannot_record_outcomes(migrated_database: str) -> None:
+    async def run() -> None:
+        store = open_store(migrated_database)
+        await store.upsert_publish(spec(due_in=-1))
+        session = store.lock_session(KEY, "a", 10)
+        await session.connect()
+        await session.acquire()
+        term = (await session.begin_term()).term
+        claimed = await session.claim_due(term, 10)
+        assert [r.uid for r in claimed.rows] == ["u1"]
+        # Another leader's term (as if this session had lost the lock and someone took over).
+        with psycopg.connect(migrated_database, autocommit=True) as conn:
+            conn.execute("UPDATE schedlock_terms SET term = term + 1")
+        with pytest.raises(LeadershipLost):
+            await session.complete(term, [Completion(claimed.rows[0].id, "published", status=200)])
+        with pytest.raises(LeadershipLost):
+            await session.heartbeat(term)
+        record = await store.get_publish("u1")
+        assert record is not None and record.state == "firing"
+        await session.close()
+
+    asyncio.run(run())
+
+
+def test_orphans_of_a_crashed_term_are_adopted(migrated_database: str) -> None:
+    async def run() -> None:
+        store = open_store(migrated_database)
+        await store.upsert_publish(spec(due_in=-1))
+        first = store.lock_session(KEY, "a", 10)
+        await first.connect()
+        await first.acquire()
+        term1 = (await first.begin_term()).term
+        row = (await first.claim_due(term1, 10)).rows[0]
+        await first.close()  # crash: the row stays 'firing'
+        second = store.lock_session(KEY, "b", 10)
+        await second.connect()
+        await second.acquire()
+        start = await second.begin_term()
+        assert start.term == term1 + 1
+        assert start.previous_holder == "a" and not start.previous_released
+        orphans = await second.adopt_orphans(start.term)
+        assert [o.uid for o in orphans] == ["u1"] and orphans[0].orphan
+        assert orphans[0].due_at == row.due_at  # same due time, so the same idempotency key
+        assert orphans[0].attempt == row.attempt + 1
+        await second.complete(start.term, [Completion(row.id, "published", status=200)])
+        await second.release(start.term)
+        record = await store.get_publish("u1")
+        assert record is not None and record.state == "published" and record.term == start.term
+
+    asyncio.run(run())
+
+
+def test_unlock_result_is_checked(migrated_database: str) -> None:
+    from schedlock.store import UnlockFailed
+
+    async def run() -> None:
+        store = open_store(migrated_database)
+        session = store.lock_session(KEY, "a", 10)
+        await session.connect()  # connected but never acquired
+        with pytest.raises(UnlockFailed, match="did not hold the lock"):
+            await session.release(None)
+
+    asyncio.run(run())
+
+
+def test_lock_key_hash_collision_is_refused(migrated_database: str) -> None:
+    with psycopg.connect(migrated_database, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO schedlock_terms (scheduler, namespace, target, lock_classid, lock_objid) "
+            "VALUES ('publish', 'other', 'app', %s, %s)",
+            (SCHEDLOCK_CLASS_ID, KEY.objid),
+        )
+
+    async def run() -> None:
+        session = open_store(migrated_database).lock_session(KEY, "a", 10)
+        with pytest.raises(LockKeyCollision, match="rename the target"):
+            await session.connect()
+
+    asyncio.run(run())
+
+
+def test_followers_wait_without_queries(migrated_database: str, postgres: object) -> None:
+    """A blocked follower's session is one long-running pg_advisory_lock call, nothing else."""
+
+    async def run() -> None:
+        store = open_store(migrated_database)
+        leader = store.lock_session(KEY, "leader", 10)
+        await leader.connect()
+        await leader.acquire()
+        follower = store.lock_session(KEY, "follower", 10)
+        await follower.connect()
+        waiting = asyncio.create_task(follower.acquire())
+        await asyncio.sleep(0.3)
+        with psycopg.connect(migrated_database, autocommit=True) as conn:
+            state = conn.execute(
+                "SELECT state, wait_event_type, query FROM pg_stat_activity "
+                "WHERE application_name = 'follower'"
+            ).fetchone()
+        assert state is not None
+        assert state[0] == "active" and state[1] == "Lock" and "pg_advisory_lock" in state[2]
+        await leader.release(None)
+        await asyncio.wait_for(waiting, 5)
+        await follower.release(None)
+
+    asyncio.run(run())
