@@ -17,13 +17,15 @@ $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing schedlock with its dev dependencies (first time: about a minute)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=strict
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' --config-settings editable_mode=strict \
+		>$(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
 	@rm -f $(VENV)/.installed-* && touch $@
 
 .PHONY: venv
 venv: $(STAMP) ## create .venv with schedlock (editable) and the dev tools
 	@# strict editable installs link files one by one: relink so new modules are importable
-	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . \
+		--config-settings editable_mode=strict >$(VENV)/relink.log 2>&1 || { cat $(VENV)/relink.log; exit 1; }
 
 .PHONY: tools
 tools: ## build/install the pinned kube-apiserver, etcd, kubectl, helm, prometheus, pgbouncer (cached)

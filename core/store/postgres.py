@@ -21,7 +21,7 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
-from schedlock.store import queries
+from schedlock.store import queries, rows
 from schedlock.store.errors import (
     LeadershipLost,
     LockKeyCollision,
@@ -111,48 +111,6 @@ async def connect(url: str, *, application_name: str, connect_timeout: float = 5
         )
     except psycopg.Error as exc:
         raise StoreUnavailable(_describe(exc)) from exc
-
-
-def _fire_row(row: Mapping[str, Any]) -> FireRow:
-    return FireRow(
-        id=int(row["id"]),
-        uid=row["uid"],
-        namespace=row["namespace"],
-        name=row["name"],
-        target=row["target"],
-        due_at=_utc(row["due_at"]),
-        payload=dict(row["payload"] or {}),
-        attempt=int(row["attempts"]),
-        max_attempts=int(row["max_attempts"]),
-        backoff_seconds=float(row["backoff_seconds"]),
-        starting_deadline_seconds=row["starting_deadline_seconds"],
-        db_now=_utc(row["db_now"]),
-        orphan=bool(row["orphan"]),
-    )
-
-
-def _publish_record(row: Mapping[str, Any]) -> PublishRecord:
-    return PublishRecord(
-        id=int(row["id"]),
-        scheduler=row["scheduler"],
-        namespace=row["namespace"],
-        name=row["name"],
-        uid=row["uid"],
-        generation=int(row["generation"]),
-        target=row["target"],
-        due_at=_utc(row["due_at"]),
-        next_attempt_at=_utc(row["next_attempt_at"]),
-        payload=dict(row["payload"] or {}),
-        state=row["state"],
-        attempts=int(row["attempts"]),
-        max_attempts=int(row["max_attempts"]),
-        term=row["term"],
-        holder=row["holder"],
-        last_status=row["last_status"],
-        last_error=row["last_error"],
-        fired_at=_opt_utc(row["fired_at"]),
-        finished_at=_opt_utc(row["finished_at"]),
-    )
 
 
 class PostgresLockSession:
@@ -358,19 +316,22 @@ class PostgresLockSession:
     # -- rows -----------------------------------------------------------------------------------
 
     async def adopt_orphans(self, term: int) -> list[FireRow]:
-        rows = await self._fetchall(
+        found = await self._fetchall(
             "adopt_orphans", {**self.key.params(), "term": term, "holder": self.holder}
         )
-        return [_fire_row(r) for r in rows]
+        return [rows.fire_row(r, rows.POSTGRES) for r in found]
 
     async def claim_due(self, term: int, limit: int) -> ClaimResult:
         params = {**self.key.params(), "term": term, "holder": self.holder, "limit": limit}
-        rows = await self._fetchall("claim_due", params) if limit > 0 else []
+        found = await self._fetchall("claim_due", params) if limit > 0 else []
         next_due_in: float | None = None
-        if len(rows) < limit or limit == 0:
+        if len(found) < limit or limit == 0:
             nd = await self._fetchone("next_due", self.key.params())
             next_due_in = nd["next_due_in"]
-        return ClaimResult(rows=[_fire_row(r) for r in rows], next_due_in=next_due_in)
+        return ClaimResult(
+            rows=[rows.fire_row(r, rows.POSTGRES) for r in found],
+            next_due_in=next_due_in,
+        )
 
     async def complete(self, term: int, completions: Sequence[Completion]) -> int:
         if not completions:
@@ -395,22 +356,8 @@ class PostgresLockSession:
         return done
 
     async def due_schedules(self, limit: int) -> list[DueSchedule]:
-        rows = await self._fetchall("due_schedules", {**self.key.params(), "limit": limit})
-        return [
-            DueSchedule(
-                id=int(r["id"]),
-                uid=r["uid"],
-                namespace=r["namespace"],
-                name=r["name"],
-                target=r["target"],
-                expression=r["expression"],
-                time_zone=r["time_zone"],
-                starting_deadline_seconds=r["starting_deadline_seconds"],
-                watermark_at=_opt_utc(r["watermark_at"]),
-                db_now=_utc(r["db_now"]),
-            )
-            for r in rows
-        ]
+        found = await self._fetchall("due_schedules", {**self.key.params(), "limit": limit})
+        return [rows.due_schedule(r, rows.POSTGRES) for r in found]
 
     async def next_slot_in(self) -> float | None:
         row = await self._fetchone("next_slot", self.key.params())
@@ -617,20 +564,8 @@ class PostgresStore:
         async def run(conn: Conn) -> list[KeyStatus]:
             cur = await conn.execute(Q["key_status"])
             return [
-                KeyStatus(
-                    scheduler=r["scheduler"],
-                    namespace=r["namespace"],
-                    target=r["target"],
-                    term=int(r["term"]),
-                    holder=r["holder"],
-                    lock_holder=r["lock_holder"],
-                    waiters=int(r["waiters"]),
-                    since=_opt_utc(r["since"]),
-                    heartbeat_at=_opt_utc(r["heartbeat_at"]),
-                    released_at=_opt_utc(r["released_at"]),
-                    backlog=int(r["backlog"]),
-                    next_due=_opt_utc(r["next_due"]),
-                    last_fire=_opt_utc(r["last_fire"]),
+                rows.key_status(
+                    r, rows.POSTGRES, lock_holder=r["lock_holder"], waiters=int(r["waiters"])
                 )
                 for r in await cur.fetchall()
             ]
@@ -641,14 +576,14 @@ class PostgresStore:
         async def run(conn: Conn) -> PublishRecord | None:
             cur = await conn.execute(Q["get_publish"], {"uid": uid})
             row = await cur.fetchone()
-            return None if row is None else _publish_record(row)
+            return None if row is None else rows.publish_record(row, rows.POSTGRES)
 
         return await self._run(run)
 
     async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]:
         async def run(conn: Conn) -> list[PublishRecord]:
             cur = await conn.execute(Q["publishes_by_id"], {"ids": list(ids)})
-            return [_publish_record(r) for r in await cur.fetchall()]
+            return [rows.publish_record(r, rows.POSTGRES) for r in await cur.fetchall()]
 
         return await self._run(run)
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from schedlock.store import queries
+from schedlock.store import queries, rows
 from schedlock.store.errors import LeadershipLost, SchemaTooNew, StoreError, StoreUnavailable
 from schedlock.store.keys import LockKey
 from schedlock.store.migrations import latest_id, migrations
@@ -106,24 +106,6 @@ def _transaction(conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
     return result
 
 
-def _fire_row(row: Mapping[str, Any]) -> FireRow:
-    return FireRow(
-        id=int(row["id"]),
-        uid=row["uid"],
-        namespace=row["namespace"],
-        name=row["name"],
-        target=row["target"],
-        due_at=_ts(row["due_at"]),
-        payload=json.loads(row["payload"] or "{}"),
-        attempt=int(row["attempts"]),
-        max_attempts=int(row["max_attempts"]),
-        backoff_seconds=float(row["backoff_seconds"]),
-        starting_deadline_seconds=row["starting_deadline_seconds"],
-        db_now=_ts(row["db_now"]),
-        orphan=bool(row["orphan"]),
-    )
-
-
 class SqliteLockSession:
     """Always the leader; the same verbs as the PostgreSQL lock session."""
 
@@ -193,20 +175,23 @@ class SqliteLockSession:
 
     async def adopt_orphans(self, term: int) -> list[FireRow]:
         params = self._params(term=term, holder=self.holder)
-        rows = await self.db.run(lambda c: c.execute(Q["adopt_orphans"], params).fetchall())
-        return [_fire_row(r) for r in rows]
+        found = await self.db.run(lambda c: c.execute(Q["adopt_orphans"], params).fetchall())
+        return [rows.fire_row(r, rows.SQLITE) for r in found]
 
     async def claim_due(self, term: int, limit: int) -> ClaimResult:
         params = self._params(term=term, holder=self.holder, limit=limit)
 
         def run(c: sqlite3.Connection) -> ClaimResult:
-            rows = c.execute(Q["claim_due"], params).fetchall() if limit > 0 else []
+            found = c.execute(Q["claim_due"], params).fetchall() if limit > 0 else []
             next_due_in = None
-            if len(rows) < limit or limit == 0:
+            if len(found) < limit or limit == 0:
                 nxt = parse_ts(c.execute(Q["next_due"], params).fetchone()["next_due"])
                 if nxt is not None:
                     next_due_in = (nxt - _ts(params["now"])).total_seconds()
-            return ClaimResult(rows=[_fire_row(r) for r in rows], next_due_in=next_due_in)
+            return ClaimResult(
+                rows=[rows.fire_row(r, rows.SQLITE) for r in found],
+                next_due_in=next_due_in,
+            )
 
         return await self.db.run(run)
 
@@ -237,22 +222,8 @@ class SqliteLockSession:
 
     async def due_schedules(self, limit: int) -> list[DueSchedule]:
         params = self._params(limit=limit)
-        rows = await self.db.run(lambda c: c.execute(Q["due_schedules"], params).fetchall())
-        return [
-            DueSchedule(
-                id=int(r["id"]),
-                uid=r["uid"],
-                namespace=r["namespace"],
-                name=r["name"],
-                target=r["target"],
-                expression=r["expression"],
-                time_zone=r["time_zone"],
-                starting_deadline_seconds=r["starting_deadline_seconds"],
-                watermark_at=parse_ts(r["watermark_at"]),
-                db_now=_ts(r["db_now"]),
-            )
-            for r in rows
-        ]
+        found = await self.db.run(lambda c: c.execute(Q["due_schedules"], params).fetchall())
+        return [rows.due_schedule(r, rows.SQLITE) for r in found]
 
     async def next_slot_in(self) -> float | None:
         params = self._params()
@@ -411,8 +382,8 @@ class SqliteStore:
 
     async def cancel_publish(self, uid: str) -> bool:
         params = {"uid": uid, "now": self._now()}
-        rows = await self.db.run(lambda c: c.execute(Q["cancel_publish"], params).fetchall())
-        return len(rows) > 0
+        found = await self.db.run(lambda c: c.execute(Q["cancel_publish"], params).fetchall())
+        return len(found) > 0
 
     async def cancel_schedule(self, uid: str) -> int:
         params = {"uid": uid, "now": self._now()}
@@ -429,51 +400,20 @@ class SqliteStore:
 
     async def key_status(self) -> list[KeyStatus]:
         params = {"now": self._now()}
-        rows = await self.db.run(lambda c: c.execute(Q["key_status"], params).fetchall())
+        found = await self.db.run(lambda c: c.execute(Q["key_status"], params).fetchall())
         return [
-            KeyStatus(
-                scheduler=r["scheduler"],
-                namespace=r["namespace"],
-                target=r["target"],
-                term=int(r["term"]),
-                holder=r["holder"],
+            rows.key_status(
+                r,
+                rows.SQLITE,
                 lock_holder=r["holder"] if r["released_at"] is None and r["term"] else None,
                 waiters=0,
-                since=parse_ts(r["since"]),
-                heartbeat_at=parse_ts(r["heartbeat_at"]),
-                released_at=parse_ts(r["released_at"]),
-                backlog=int(r["backlog"]),
-                next_due=parse_ts(r["next_due"]),
-                last_fire=parse_ts(r["last_fire"]),
             )
-            for r in rows
+            for r in found
         ]
 
     async def get_publish(self, uid: str) -> PublishRecord | None:
         row = await self.db.run(lambda c: c.execute(Q["get_publish"], {"uid": uid}).fetchone())
-        if row is None:
-            return None
-        return PublishRecord(
-            id=int(row["id"]),
-            scheduler=row["scheduler"],
-            namespace=row["namespace"],
-            name=row["name"],
-            uid=row["uid"],
-            generation=int(row["generation"]),
-            target=row["target"],
-            due_at=_ts(row["due_at"]),
-            next_attempt_at=_ts(row["next_attempt_at"]),
-            payload=json.loads(row["payload"] or "{}"),
-            state=row["state"],
-            attempts=int(row["attempts"]),
-            max_attempts=int(row["max_attempts"]),
-            term=row["term"],
-            holder=row["holder"],
-            last_status=row["last_status"],
-            last_error=row["last_error"],
-            fired_at=parse_ts(row["fired_at"]),
-            finished_at=parse_ts(row["finished_at"]),
-        )
+        return None if row is None else rows.publish_record(row, rows.SQLITE)
 
     async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]:
         raise StoreError("publishes_by_id is only used by the operator, which needs PostgreSQL")

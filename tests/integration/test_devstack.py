@@ -1,0 +1,245 @@
+"""`make dev-up` / `make dev-down`: the background dev stack starts, is usable, and leaves nothing.
+
+Each test drives `python -m tests.support.devstack` as a subprocess, as make does, with its state
+in a private SCHEDLOCK_DEV_DIR so a developer's own stack in .dev/ is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.pg import pg_bindir
+from tests.support.tools import tool
+
+REPO = Path(__file__).resolve().parents[2]
+UP_BUDGET_SECONDS = 30  # the issue asks for ~20 s; it takes about 4 s on a warm machine
+
+
+def devstack(dev_dir: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run the CLI like `make` does. capture_output also proves the detached supervisor does
+    not hold our pipes: run() would wait for it otherwise."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.support.devstack", *args],
+        cwd=REPO,
+        env={**os.environ, "SCHEDLOCK_DEV_DIR": str(dev_dir)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def running(pid: int) -> bool:
+    """Whether PID is a live process. A zombie is not: the supervisor is re-parented to init
+    when `up` exits, and reaping it is init's business."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.1)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def stack_pids(state: dict[str, Any]) -> dict[str, int]:
+    pids = {"supervisor": int(state["supervisor"]["pid"])}
+    for component in state["components"].values():
+        pids.update({proc["name"]: int(proc["pid"]) for proc in component["processes"]})
+    return pids
+
+
+def in_env(dev_dir: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """Run SCRIPT in bash after `source <dev_dir>/env`, with a PATH that has nothing else on it:
+    whatever the script finds, the env file put there."""
+    return subprocess.run(
+        ["/bin/bash", "-c", f"source {dev_dir / 'env'} && {script}"],
+        env={"HOME": os.environ.get("HOME", "/"), "PATH": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def dev_dir(tmp_path: Path) -> Iterator[Path]:
+    """A private state directory; the stack is brought down whatever the test did."""
+    path = tmp_path / "dev"
+    yield path
+    result = devstack(path, "down")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def up(dev_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    began = time.monotonic()
+    result = devstack(dev_dir, "up")
+    elapsed = time.monotonic() - began
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert elapsed < UP_BUDGET_SECONDS, f"`up` took {elapsed:.1f}s"
+    state = json.loads((dev_dir / "state.json").read_text())
+    assert state["status"] == "ready"
+    pids = stack_pids(state)
+    assert set(pids) == {"supervisor", "postgres", "etcd", "kube-apiserver"}
+    assert all(running(pid) for pid in pids.values()), pids
+    return result, state
+
+
+def test_up_is_usable_idempotent_and_down_leaves_no_process(dev_dir: Path) -> None:
+    first, state = up(dev_dir)
+    assert "the dev stack is up" in first.stdout
+    assert "source " in first.stdout, first.stdout
+    assert "psql" in first.stdout, first.stdout
+    assert (dev_dir / "supervisor.pid").read_text().strip() == str(state["supervisor"]["pid"])
+
+    readyz = subprocess.run(
+        [
+            str(tool("kubectl")),
+            "--kubeconfig",
+            str(dev_dir / "kubeconfig"),
+            "get",
+            "--raw",
+            "/readyz",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert readyz.stdout.strip() == "ok", readyz.stdout + readyz.stderr
+
+    # The env file alone makes psql, kubectl and schedlock work, against this stack.
+    select = in_env(dev_dir, 'psql "$DATABASE_URL" -tAc "select 1"')
+    assert select.stdout.strip() == "1", select.stdout + select.stderr
+    through_env = in_env(dev_dir, "kubectl get --raw /readyz && echo && schedlock --version")
+    assert through_env.returncode == 0, through_env.stdout + through_env.stderr
+    assert through_env.stdout.splitlines()[0] == "ok"
+    assert through_env.stdout.splitlines()[1].startswith("schedlock ")
+    found = in_env(
+        dev_dir,
+        'command -v psql kubectl schedlock && echo "$KUBECONFIG" '
+        '&& [ "$DATABASE_URL" = "$SCHEDLOCK_DATABASE_URL" ] && echo "$DATABASE_URL"',
+    )
+    assert found.stdout.splitlines() == [
+        str(pg_bindir() / "psql"),
+        str(tool("kubectl")),
+        str(REPO / ".venv" / "bin" / "schedlock"),
+        str((dev_dir / "kubeconfig").resolve()),
+        state["components"]["postgres"]["url"],
+    ], found.stdout + found.stderr
+
+    status = devstack(dev_dir, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "is up" in status.stdout
+    assert state["components"]["postgres"]["url"] in status.stdout
+    assert state["components"]["kube-apiserver"]["url"] in status.stdout
+
+    # A second `up` changes nothing and prints the same usage.
+    began = time.monotonic()
+    again = devstack(dev_dir, "up")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert time.monotonic() - began < 10
+    assert "already up" in again.stdout
+    assert again.stdout.splitlines()[1:] == first.stdout.splitlines()[2:]
+    assert json.loads((dev_dir / "state.json").read_text()) == state
+
+    pids = stack_pids(state)
+    down = devstack(dev_dir, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stopped" in down.stdout
+    assert "SIGKILL" not in down.stdout, down.stdout  # the graceful path sufficed
+    left = {name: pid for name, pid in pids.items() if running(pid)}
+    assert not left, f"processes of the stack survived `down`: {left}"
+    for name in ("supervisor.pid", "state.json", "env", "kubeconfig"):
+        assert not (dev_dir / name).exists(), name
+    assert not Path(state["components"]["postgres"]["data"]).exists()
+
+    again = devstack(dev_dir, "down")
+    assert again.returncode == 0
+    assert "not running" in again.stdout
+    status = devstack(dev_dir, "status")
+    assert status.returncode == 3
+    assert "not running" in status.stdout
+
+
+def test_supervisor_stops_the_stack_when_a_server_dies(dev_dir: Path) -> None:
+    _, state = up(dev_dir)
+    pids = stack_pids(state)
+    os.kill(pids["postgres"], signal.SIGKILL)
+
+    wait_until(lambda: not any(running(pid) for pid in pids.values()), 30, "the stack to stop")
+    status = devstack(dev_dir, "status")
+    assert status.returncode == 3
+    assert "last run failed" in status.stdout, status.stdout
+    assert "postgres" in status.stdout, status.stdout
+    assert not (dev_dir / "env").exists()
+
+    down = devstack(dev_dir, "down")
+    assert down.returncode == 0
+    assert "not running" in down.stdout, down.stdout
+    assert "last run failed" in down.stdout, down.stdout
+    assert not (dev_dir / "state.json").exists()
+
+
+def test_down_cleans_up_after_a_killed_supervisor(dev_dir: Path) -> None:
+    """etcd and kube-apiserver die with the supervisor; PostgreSQL would not, so down kills it."""
+    _, state = up(dev_dir)
+    pids = stack_pids(state)
+    # PostgreSQL's own children setsid(): killing the postmaster's group does not reach them.
+    postgres_children = children(pids["postgres"])
+    assert postgres_children
+    pids.update({f"postgres child {pid}": pid for pid in postgres_children})
+    os.kill(pids["supervisor"], signal.SIGKILL)
+    wait_until(lambda: not running(pids["supervisor"]), 10, "the supervisor to die")
+
+    down = devstack(dev_dir, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "not running" in down.stdout
+    left = {name: pid for name, pid in pids.items() if running(pid)}
+    assert not left, f"processes of the stack survived `down`: {left}"
+    assert not Path(state["components"]["postgres"]["data"]).exists()
+
+    # And the next `up` starts a fresh stack in the same directory.
+    _, fresh = up(dev_dir)
+    assert fresh["supervisor"]["pid"] != state["supervisor"]["pid"]
+
+
+def test_down_kills_a_supervisor_that_does_not_stop_in_time(dev_dir: Path) -> None:
+    _, state = up(dev_dir)
+    pids = stack_pids(state)
+    os.kill(pids["supervisor"], signal.SIGSTOP)  # it cannot act on SIGTERM now
+
+    began = time.monotonic()
+    down = devstack(dev_dir, "down", "--timeout", "1")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert time.monotonic() - began < 15
+    assert "stopped" in down.stdout
+    assert "did not exit" in down.stderr, down.stderr
+    left = {name: pid for name, pid in pids.items() if running(pid)}
+    assert not left, f"processes of the stack survived `down`: {left}"
