@@ -11,9 +11,10 @@ import json
 import re
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from schedlock.scheduling import ScheduleError, parse_schedule
 from schedlock.settings import (
@@ -32,9 +33,12 @@ from schedlock.store import (
     PublishSpec,
     ScheduleSpec,
     SchemaTooNew,
+    Store,
     StoreError,
     open_store,
 )
+
+T = TypeVar("T")
 
 EXIT_FAILED = 1
 _RELATIVE = re.compile(r"^(?:in\s+|\+)(\d+(?:\.\d+)?)\s*(ms|s|m|h)$")
@@ -94,12 +98,32 @@ def _fail(command: str, message: str) -> int:
     return EXIT_FAILED
 
 
-def _arg(parser: argparse.ArgumentParser, command: str, name: str, raw: str, parse: Any) -> Any:
+def _arg(command: str, name: str, raw: str, parse: Callable[[str], T]) -> T:
     try:
         return parse(raw)
     except ValueError as exc:
         print(f"schedlock {command}: error: --{name}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _with_store(
+    command: str, db: DatabaseSettings, verb: Callable[[Store], Awaitable[T]], failure: str
+) -> T | None:
+    """Run one store verb; a StoreError becomes one line on stderr (None is returned)."""
+
+    async def run() -> T | None:
+        store = open_store(db.database_url, application_name=f"schedlock-{command}")
+        try:
+            return await verb(store)
+        except SchemaTooNew as exc:
+            _fail(command, str(exc))
+        except StoreError as exc:
+            _fail(command, f"{failure}: {exc}")
+        finally:
+            await store.close()
+        return None
+
+    return asyncio.run(run())
 
 
 # -- migrate -------------------------------------------------------------------------------------
@@ -108,140 +132,117 @@ def _arg(parser: argparse.ArgumentParser, command: str, name: str, raw: str, par
 def cmd_migrate(args: argparse.Namespace) -> int:
     db = build(DatabaseSettings, args)
 
-    async def run() -> int:
-        store = open_store(db.database_url, application_name="schedlock-migrate")
-        try:
-            applied = await store.migrate()
-            status = await store.schema_status()
-        except SchemaTooNew as exc:
-            return _fail("migrate", str(exc))
-        except StoreError as exc:
-            return _fail("migrate", f"cannot migrate: {exc}")
-        finally:
-            await store.close()
-        if applied:
-            print(f"applied migrations {', '.join(map(str, applied))}; schema at {status.current}")
-        else:
-            print(f"schema is current (migration {status.current})")
-        return 0
+    async def migrate(store: Store) -> tuple[list[int], int]:
+        applied = await store.migrate()
+        return applied, (await store.schema_status()).current
 
-    return asyncio.run(run())
+    result = _with_store("migrate", db, migrate, "cannot migrate")
+    if result is None:
+        return EXIT_FAILED
+    applied, current = result
+    if applied:
+        print(f"applied migrations {', '.join(map(str, applied))}; schema at {current}")
+    else:
+        print(f"schema is current (migration {current})")
+    return 0
 
 
-# -- publish -------------------------------------------------------------------------------------
+# -- publish and schedule ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Common:
+    """What ``publish`` and ``schedule`` share: where, what, and the generated identity."""
+
+    target: str
+    namespace: str
+    payload: dict[str, Any]
+    deadline: int | None
+    uid: str
+    name: str
+
+
+def _common(args: argparse.Namespace, command: str) -> _Common:
+    uid = f"cli-{uuid.uuid4()}"
+    deadline = None
+    if args.deadline_seconds is not None:
+        deadline = _arg(command, "deadline-seconds", args.deadline_seconds, integer(0, 31_536_000))
+    return _Common(
+        target=_arg(command, "target", args.target, dns_label),
+        namespace=_arg(command, "namespace", args.namespace, dns_label),
+        payload=_arg(command, "payload", args.payload, parse_payload),
+        deadline=deadline,
+        uid=uid,
+        name=args.name or f"{command}-{uid[4:12]}",
+    )
+
+
+def _created(
+    command: str,
+    db: DatabaseSettings,
+    verb: Callable[[Store], Awaitable[object]],
+    shown: dict[str, Any],
+) -> int:
+    if _with_store(command, db, verb, f"cannot insert the {command}") is None:
+        return EXIT_FAILED
+    print(json.dumps(shown))
+    return 0
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
     db = build(DatabaseSettings, args)
-    parser = args.parser
-    target = _arg(parser, "publish", "target", args.target, dns_label)
-    namespace = _arg(parser, "publish", "namespace", args.namespace, dns_label)
-    due_at = _arg(parser, "publish", "at", args.at, parse_time)
-    payload = _arg(parser, "publish", "payload", args.payload, parse_payload)
-    attempts = _arg(parser, "publish", "max-attempts", args.max_attempts, integer(1, 100))
-    backoff = _arg(parser, "publish", "backoff-seconds", args.backoff_seconds, number(0.01, 3600))
-    deadline = (
-        None
-        if args.deadline_seconds is None
-        else _arg(
-            parser, "publish", "deadline-seconds", args.deadline_seconds, integer(0, 31_536_000)
-        )
-    )
-    uid = f"cli-{uuid.uuid4()}"
-    name = args.name or f"publish-{uid[4:12]}"
+    common = _common(args, "publish")
+    due_at = _arg("publish", "at", args.at, parse_time)
     spec = PublishSpec(
-        namespace=namespace,
-        name=name,
-        uid=uid,
-        target=target,
+        namespace=common.namespace,
+        name=common.name,
+        uid=common.uid,
+        target=common.target,
         due_at=due_at,
-        payload=payload,
-        max_attempts=attempts,
-        backoff_seconds=backoff,
-        starting_deadline_seconds=deadline,
+        payload=common.payload,
+        max_attempts=_arg("publish", "max-attempts", args.max_attempts, integer(1, 100)),
+        backoff_seconds=_arg(
+            "publish", "backoff-seconds", args.backoff_seconds, number(0.01, 3600)
+        ),
+        starting_deadline_seconds=common.deadline,
     )
-
-    async def run() -> int:
-        store = open_store(db.database_url, application_name="schedlock-cli")
-        try:
-            await store.upsert_publish(spec)
-        except StoreError as exc:
-            return _fail("publish", f"cannot insert the row: {exc}")
-        finally:
-            await store.close()
-        print(
-            json.dumps(
-                {
-                    "uid": uid,
-                    "name": name,
-                    "namespace": namespace,
-                    "target": target,
-                    "dueAt": due_at.isoformat().replace("+00:00", "Z"),
-                }
-            )
-        )
-        return 0
-
-    return asyncio.run(run())
-
-
-# -- schedule ------------------------------------------------------------------------------------
+    shown = {
+        "uid": common.uid,
+        "name": common.name,
+        "namespace": common.namespace,
+        "target": common.target,
+        "dueAt": due_at.isoformat().replace("+00:00", "Z"),
+    }
+    return _created("publish", db, lambda store: store.upsert_publish(spec), shown)
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     db = build(DatabaseSettings, args)
-    parser = args.parser
-    target = _arg(parser, "schedule", "target", args.target, dns_label)
-    namespace = _arg(parser, "schedule", "namespace", args.namespace, dns_label)
-    payload = _arg(parser, "schedule", "payload", args.payload, parse_payload)
+    common = _common(args, "schedule")
     try:
         parse_schedule(args.cron, args.time_zone)
     except ScheduleError as exc:
         print(f"schedlock schedule: error: --cron/--time-zone: {exc}", file=sys.stderr)
         return 2
-    deadline = (
-        None
-        if args.deadline_seconds is None
-        else _arg(
-            parser, "schedule", "deadline-seconds", args.deadline_seconds, integer(0, 31_536_000)
-        )
-    )
-    uid = f"cli-{uuid.uuid4()}"
-    name = args.name or f"schedule-{uid[4:12]}"
     spec = ScheduleSpec(
-        namespace=namespace,
-        name=name,
-        uid=uid,
-        target=target,
+        namespace=common.namespace,
+        name=common.name,
+        uid=common.uid,
+        target=common.target,
         expression=args.cron,
         time_zone=args.time_zone,
-        payload=payload,
-        starting_deadline_seconds=deadline,
+        payload=common.payload,
+        starting_deadline_seconds=common.deadline,
     )
-
-    async def run() -> int:
-        store = open_store(db.database_url, application_name="schedlock-cli")
-        try:
-            await store.upsert_schedule(spec)
-        except StoreError as exc:
-            return _fail("schedule", f"cannot insert the schedule: {exc}")
-        finally:
-            await store.close()
-        print(
-            json.dumps(
-                {
-                    "uid": uid,
-                    "name": name,
-                    "namespace": namespace,
-                    "target": target,
-                    "schedule": args.cron,
-                    "timeZone": args.time_zone,
-                }
-            )
-        )
-        return 0
-
-    return asyncio.run(run())
+    shown = {
+        "uid": common.uid,
+        "name": common.name,
+        "namespace": common.namespace,
+        "target": common.target,
+        "schedule": args.cron,
+        "timeZone": args.time_zone,
+    }
+    return _created("schedule", db, lambda store: store.upsert_schedule(spec), shown)
 
 
 # -- status --------------------------------------------------------------------------------------
@@ -312,25 +313,17 @@ def render_table(rows: list[dict[str, Any]]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     db = build(DatabaseSettings, args)
-
-    async def run() -> int:
-        store = open_store(db.database_url, application_name="schedlock-cli")
-        try:
-            keys = await store.key_status()
-        except StoreError as exc:
-            return _fail("status", f"cannot read the status: {exc}")
-        finally:
-            await store.close()
-        rows = status_rows(keys)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        elif not rows:
-            print("no lock keys yet: start a sidecar (schedlock sidecar --help)")
-        else:
-            print(render_table(rows))
-        return 0
-
-    return asyncio.run(run())
+    keys = _with_store("status", db, lambda store: store.key_status(), "cannot read the status")
+    if keys is None:
+        return EXIT_FAILED
+    rows = status_rows(keys)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print("no lock keys yet: start a sidecar (schedlock sidecar --help)")
+    else:
+        print(render_table(rows))
+    return 0
 
 
 # -- registration --------------------------------------------------------------------------------
@@ -375,7 +368,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         default=None,
         help="starting deadline: later than this after TIME it is missed, not fired",
     )
-    publish.set_defaults(command=cmd_publish, command_name="publish", parser=publish)
+    publish.set_defaults(command=cmd_publish, command_name="publish")
 
     schedule = subparsers.add_parser(
         "schedule",
@@ -401,7 +394,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         default=None,
         help="starting deadline for each slot (catch-up fires only inside it)",
     )
-    schedule.set_defaults(command=cmd_schedule, command_name="schedule", parser=schedule)
+    schedule.set_defaults(command=cmd_schedule, command_name="schedule")
 
     status = subparsers.add_parser(
         "status",
