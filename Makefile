@@ -33,7 +33,7 @@ tools: ## build/install the pinned kube-apiserver, etcd, kubectl, helm, promethe
 	@bash hack/tools.sh ensure
 
 .PHONY: lint
-lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm lint
+lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm lint, promtool
 	@echo "==> ruff"
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
@@ -48,6 +48,9 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@echo "==> helm lint"
 	@bash hack/tools.sh ensure helm
 	@"$$(bash hack/tools.sh bindir helm)/helm" lint --strict charts/schedlock
+	@echo "==> promtool check metrics (live /metrics of a throwaway sidecar)"
+	@bash hack/tools.sh ensure promtool
+	@VENV=$(VENV) bash hack/check-metrics.sh
 
 .PHONY: fmt
 fmt: venv ## format and autofix

@@ -248,3 +248,34 @@ def test_followers_wait_without_queries(migrated_database: str, postgres: object
         await follower.release(None)
 
     asyncio.run(run())
+
+
+def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: str) -> None:
+    import json
+
+    from schedlock.store import OUTCOMES_CHANNEL
+
+    async def run() -> None:
+        store = open_store(migrated_database)
+        for uid in ("n1", "n2"):
+            await store.upsert_publish(spec(uid=uid, due_in=-1))
+        listener = await psycopg.AsyncConnection.connect(migrated_database, autocommit=True)
+        await listener.execute(f"LISTEN {OUTCOMES_CHANNEL}")
+        session = store.lock_session(KEY, "a", 10)
+        await session.connect()
+        await session.acquire()
+        term = (await session.begin_term()).term
+        rows = (await session.claim_due(term, 10)).rows
+        await session.complete(term, [Completion(r.id, "published", status=200) for r in rows])
+        note = await asyncio.wait_for(anext(listener.notifies()), 5)
+        payload = json.loads(note.payload)
+        assert payload["term"] == term
+        assert (payload["scheduler"], payload["namespace"], payload["target"]) == (
+            "publish", "default", "demo")
+        assert sorted(payload["ids"]) == sorted(r.id for r in rows)
+        records = await store.publishes_by_id(payload["ids"])
+        assert {r.state for r in records} == {"published"}
+        await session.release(term)
+        await listener.close()
+
+    asyncio.run(run())
