@@ -27,6 +27,10 @@ venv: $(STAMP) ## create .venv with schedlock (editable) and the dev tools
 	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . \
 		--config-settings editable_mode=strict >$(VENV)/relink.log 2>&1 || { cat $(VENV)/relink.log; exit 1; }
 
+.PHONY: demo
+demo: venv ## the main job: embedded PostgreSQL, an app, 3 sidecars, a kill and a hand-over, a summary
+	@$(PY) -m hack.demo
+
 .PHONY: tools
 tools: ## build/install the pinned kube-apiserver, etcd, kubectl, helm, prometheus, pgbouncer (cached)
 	@echo "==> ensuring pinned test tools (first time builds kube-apiserver/etcd/kubectl/helm from Go modules)"

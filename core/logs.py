@@ -12,6 +12,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+# kopf attaches its whole settings object and internal flags to every record: not for logs.
+_DROPPED = frozenset({"settings", "k8s_skip"})
 _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "taskName"}
 
 
@@ -24,7 +26,9 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for key, value in vars(record).items():
-            if key not in _RESERVED and not key.startswith("_"):
+            if key in _RESERVED or key.startswith("_") or key in _DROPPED:
+                continue
+            if isinstance(value, str | int | float | bool | list | dict | type(None)):
                 entry[key] = value
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
@@ -33,13 +37,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class TextFormatter(logging.Formatter):
+    """For people: the message, then the structured fields as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = [
+            f"{key}={value}"
+            for key, value in vars(record).items()
+            if key not in _RESERVED
+            and key not in _DROPPED
+            and not key.startswith("_")
+            and isinstance(value, str | int | float | bool)
+        ]
+        return f"{line} {' '.join(extras)}" if extras else line
+
+
 def configure(level: str = "info", fmt: str = "json") -> None:
     """Install one stderr handler on the root logger (idempotent)."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -12,7 +12,6 @@ wake-up, never a burst after downtime), then claims and fires them exactly like 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from dataclasses import dataclass
@@ -89,13 +88,13 @@ class _Term:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        listener_ready = asyncio.Event()
-        listener = asyncio.create_task(self._listen(listener_ready), name=f"listen:{self.key}")
+        listener = asyncio.create_task(self._listen(asyncio.Event()), name=f"listen:{self.key}")
         completer = asyncio.create_task(self._complete_loop(), name=f"complete:{self.key}")
         graceful = False
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(listener_ready.wait(), 2)
+            # No waiting for the listener before the first claim (that would add its connect
+            # time to every hand-over): it wakes the loop once it listens, which re-claims and
+            # so covers anything that became due while it connected.
             await self._loop(completer)
             graceful = True
         finally:
@@ -172,16 +171,24 @@ class _Term:
             if payload == wanted:
                 self.wake.set()
 
-        while True:
-            try:
-                await self.firer.store.listen(ROWS_CHANNEL, on_payload, ready)
-            except StoreError as exc:
-                ready.set()
-                log.warning(
-                    "listener lost, relying on timers",
-                    extra={"key": str(self.key), "error": str(exc)},
-                )
-                await asyncio.sleep(1)
+        async def woken_when_ready() -> None:
+            await ready.wait()
+            self.wake.set()
+
+        waker = asyncio.create_task(woken_when_ready(), name=f"listen-ready:{self.key}")
+        try:
+            while True:
+                try:
+                    await self.firer.store.listen(ROWS_CHANNEL, on_payload, ready)
+                except StoreError as exc:
+                    ready.set()
+                    log.warning(
+                        "listener lost, relying on timers",
+                        extra={"key": str(self.key), "error": str(exc)},
+                    )
+                    await asyncio.sleep(1)
+        finally:
+            waker.cancel()
 
     # -- recurring --------------------------------------------------------------------------------
 

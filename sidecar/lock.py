@@ -156,12 +156,12 @@ class KeyElector:
     def _set_role(self, role: Role) -> None:
         self.role = role
 
-    def _lost(self) -> None:
+    def _lost(self, direction: str = "lost") -> None:
         self.metrics.leader.labels(*self.labels).set(0)
         self.metrics.term.labels(*self.labels).set(0)
         self.metrics.backlog.labels(*self.labels).set(0)
         self.metrics.oldest_due_age.labels(*self.labels).set(0)
-        self.metrics.transitions.labels(*self.labels, "lost").inc()
+        self.metrics.transitions.labels(*self.labels, direction).inc()
 
     async def _lead(self, session: LockSession, stopping: asyncio.Event) -> None:
         start = await session.begin_term()
@@ -184,7 +184,7 @@ class KeyElector:
         # Reached only on a graceful stop: the work finished or abandoned its in-flight rows.
         await session.release(leadership.term)
         self._set_role(Role.RELEASED)
-        self._lost()
+        self._lost("released")
         log.info("released leadership", extra={"key": str(self.key), "term": leadership.term})
 
     def _acquired(self, start: TermStart) -> None:

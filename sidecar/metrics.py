@@ -29,7 +29,8 @@ class SidecarMetrics:
         )
         self.transitions = Counter(
             "schedlock_leadership_transitions_total",
-            "Leadership changes of this replica, by direction (acquired or lost).",
+            "Leadership changes of this replica, by direction: acquired, lost (session died or "
+            "stepped down) or released (graceful hand-over).",
             (*KEY_LABELS, "direction"),
             registry=r,
         )
@@ -98,7 +99,7 @@ class SidecarMetrics:
         self.handover_gap.labels(*labels)
         self.lateness.labels(*labels)
         self.last_tick.labels(*labels)
-        for direction in ("acquired", "lost"):
+        for direction in ("acquired", "lost", "released"):
             self.transitions.labels(*labels, direction)
         for outcome in OUTCOMES:
             self.fires.labels(*labels, outcome)

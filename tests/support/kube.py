@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import datetime as dt
 import ipaddress
 import json
@@ -27,7 +26,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +41,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.support.procs import die_with_parent
 
 __all__ = [
     "KubeAPIServer",
@@ -256,24 +256,6 @@ def _free_ports(count: int) -> list[int]:
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
         return [int(sock.getsockname()[1]) for sock in sockets]
-
-
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    """Return a preexec_fn making the child get SIGKILL when the test process dies.
-
-    atexit does not run when pytest is SIGKILLed or crashes; PR_SET_PDEATHSIG does. Caveat:
-    "parent" is the thread that spawned the child, so start() from a thread that outlives the
-    server (the main thread, a pytest fixture).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
-    return hook
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -494,7 +476,7 @@ class KubeAPIServer:
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
                 start_new_session=True,
-                preexec_fn=_die_with_parent_hook(),  # noqa: PLW1509 - only calls prctl
+                preexec_fn=die_with_parent(),
             )
 
     def _wait_for(self, deadline: float, what: str, probe: Callable[[], bool]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.pg import free_port
+from tests.support.procs import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,6 +96,7 @@ class ReceiverProcess:
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=(self.workdir / "receiver.err").open("ab"),
+            preexec_fn=die_with_parent(),
         )
         wait_for(
             lambda: http_get(f"http://127.0.0.1:{self.port}/healthz")[0] == 200,
@@ -158,7 +160,12 @@ class SidecarProcess:
         }
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [_bin("schedlock"), "sidecar"], env=env, stdout=log, stderr=log, cwd=self.workdir
+            [_bin("schedlock"), "sidecar"],
+            env=env,
+            stdout=log,
+            stderr=log,
+            cwd=self.workdir,
+            preexec_fn=die_with_parent(),
         )
         log.close()
         return self
