@@ -174,3 +174,19 @@ class SchemaStatus:
     @property
     def is_current(self) -> bool:
         return self.current == self.latest
+
+
+@dataclass(frozen=True)
+class ScheduleRecord:
+    id: int
+    uid: str
+    namespace: str
+    name: str
+    generation: int
+    target: str
+    expression: str
+    time_zone: str
+    state: str
+    watermark_at: datetime | None
+    last_slot_at: datetime | None
+    next_slot_at: datetime | None

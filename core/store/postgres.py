@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
@@ -42,6 +42,7 @@ from schedlock.store.models import (
     KeyStatus,
     PublishRecord,
     PublishSpec,
+    ScheduleRecord,
     ScheduleSpec,
     SchemaStatus,
     TermStart,
@@ -397,6 +398,21 @@ class PostgresLockSession:
             raise LeadershipLost(f"term {term} of {self.key} was superseded")
 
 
+class HeldLock:
+    """A session-level advisory lock held by one dedicated connection; closing releases it."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailable when the session (and so the lock) is gone."""
+        await _guard(self._conn.execute("SELECT 1"))
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._conn.close(), 2)
+
+
 class PostgresStore:
     """Admin verbs (migrate, upsert, cancel, status) and the factory for lock sessions."""
 
@@ -579,6 +595,55 @@ class PostgresStore:
             return None if row is None else rows.publish_record(row, rows.POSTGRES)
 
         return await self._run(run)
+
+    async def get_schedule(self, uid: str) -> ScheduleRecord | None:
+        async def run(conn: Conn) -> ScheduleRecord | None:
+            cur = await conn.execute(Q["get_schedule"], {"uid": uid})
+            row = await cur.fetchone()
+            return None if row is None else rows.schedule_record(row, rows.POSTGRES)
+
+        return await self._run(run)
+
+    async def latest_slot(self, schedule_uid: str) -> PublishRecord | None:
+        async def run(conn: Conn) -> PublishRecord | None:
+            cur = await conn.execute(Q["latest_slot"], {"uid": schedule_uid})
+            row = await cur.fetchone()
+            return None if row is None else rows.publish_record(row, rows.POSTGRES)
+
+        return await self._run(run)
+
+    async def changed_since(
+        self, since: datetime | None, limit: int = 500
+    ) -> tuple[list[PublishRecord], datetime]:
+        """Rows changed after ``since`` and the watermark to pass next time (database clock)."""
+
+        async def run(conn: Conn) -> tuple[list[PublishRecord], datetime]:
+            cur = await conn.execute(Q["db_now"])
+            now_row = await cur.fetchone()
+            assert now_row is not None
+            start = since or datetime(1970, 1, 1, tzinfo=UTC)
+            cur = await conn.execute(Q["changed_since"], {"since": start, "limit": limit})
+            found = await cur.fetchall()
+            records = [rows.publish_record(r, rows.POSTGRES) for r in found]
+            if len(found) == limit:  # more to read: continue from the last one seen
+                return records, found[-1]["updated_at"]
+            # Overlap by a few seconds: a row whose statement began before now() may commit
+            # after it; re-reading it is harmless (syncing is idempotent).
+            return records, now_row["now"] - timedelta(seconds=5)
+
+        return await self._run(run)
+
+    async def hold_lock(self, objid: int, holder: str) -> HeldLock:
+        """Block until this process holds ``(SCHEDLOCK_CLASS_ID, objid)`` on its own session."""
+        conn = await connect(self.url, application_name=holder)
+        try:
+            await _guard(
+                conn.execute("SELECT pg_advisory_lock(%s, %s)", (SCHEDLOCK_CLASS_ID, objid))
+            )
+        except BaseException:
+            await conn.close()
+            raise
+        return HeldLock(conn)
 
     async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]:
         async def run(conn: Conn) -> list[PublishRecord]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from schedlock.store.models import DueSchedule, FireRow, KeyStatus, PublishRecord
+from schedlock.store.models import DueSchedule, FireRow, KeyStatus, PublishRecord, ScheduleRecord
 
 Row = Mapping[str, Any]
 
@@ -108,4 +108,21 @@ def key_status(r: Row, c: Codec, *, lock_holder: str | None, waiters: int) -> Ke
         backlog=int(r["backlog"]),
         next_due=c.opt_timestamp(r["next_due"]),
         last_fire=c.opt_timestamp(r["last_fire"]),
+    )
+
+
+def schedule_record(r: Row, c: Codec) -> ScheduleRecord:
+    return ScheduleRecord(
+        id=int(r["id"]),
+        uid=r["uid"],
+        namespace=r["namespace"],
+        name=r["name"],
+        generation=int(r["generation"]),
+        target=r["target"],
+        expression=r["expression"],
+        time_zone=r["time_zone"],
+        state=r["state"],
+        watermark_at=c.opt_timestamp(r["watermark_at"]),
+        last_slot_at=c.opt_timestamp(r["last_slot_at"]),
+        next_slot_at=c.opt_timestamp(r["next_slot_at"]),
     )

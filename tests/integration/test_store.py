@@ -271,7 +271,10 @@ def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: st
         payload = json.loads(note.payload)
         assert payload["term"] == term
         assert (payload["scheduler"], payload["namespace"], payload["target"]) == (
-            "publish", "default", "demo")
+            "publish",
+            "default",
+            "demo",
+        )
         assert sorted(payload["ids"]) == sorted(r.id for r in rows)
         records = await store.publishes_by_id(payload["ids"])
         assert {r.state for r in records} == {"published"}

@@ -285,3 +285,30 @@ FROM schedlock_publishes WHERE uid = %(uid)s;
 SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
        state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at
 FROM schedlock_publishes WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: get_schedule
+SELECT id, uid, namespace, name, generation, target, expression, time_zone, state,
+       watermark_at, last_slot_at, next_slot_at, updated_at
+FROM schedlock_schedules WHERE uid = %(uid)s;
+
+-- name: latest_slot
+SELECT p.id, p.scheduler, p.namespace, p.name, p.uid, p.generation, p.target, p.due_at,
+       p.next_attempt_at, p.payload, p.state, p.attempts, p.max_attempts, p.term, p.holder,
+       p.last_status, p.last_error, p.fired_at, p.finished_at
+FROM schedlock_publishes p JOIN schedlock_schedules s ON s.id = p.schedule_id
+WHERE s.uid = %(uid)s
+ORDER BY p.due_at DESC, p.id DESC
+LIMIT 1;
+
+-- name: changed_since
+-- The operator's sweep: rows changed after a watermark (database clock), oldest first.
+SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
+       state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at,
+       updated_at
+FROM schedlock_publishes
+WHERE updated_at > %(since)s
+ORDER BY updated_at, id
+LIMIT %(limit)s;
+
+-- name: db_now
+SELECT now() AS now;

@@ -1,0 +1,126 @@
+"""The ``schedlock operator`` process: kopf handlers + the status sync, one supervised unit.
+
+HA choice: run ONE replica (Deployment with ``strategy: Recreate``) in kopf's standalone mode.
+Handlers are idempotent (upserts keyed by uid + generation), so an overlap during a rollout is
+harmless; the status sync is guarded by an advisory lock, so at most one replica posts Events.
+kopf peering would add a cluster-wide CRD and RBAC for little gain at this size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+
+import kopf
+from schedlock import logs
+from schedlock.operator.handlers import build_registry, configure
+from schedlock.operator.settings import OperatorSettings
+from schedlock.operator.sync import StatusSync
+from schedlock.settings import add_arguments, build
+from schedlock.store import SchemaNotCurrent, SchemaTooNew, StoreError, StoreUnavailable
+from schedlock.store.postgres import PostgresStore
+
+log = logging.getLogger("schedlock.operator")
+EXIT_FATAL = 1
+
+
+async def wait_for_schema(store: PostgresStore, settings: OperatorSettings) -> None:
+    delay = 0.5
+    while True:
+        try:
+            if settings.migrate == "auto":
+                await store.migrate()
+            status = await store.schema_status()
+            if status.current > status.latest:
+                raise SchemaTooNew(
+                    f"the database schema is at migration {status.current} but this schedlock "
+                    f"knows only up to {status.latest}: upgrade schedlock"
+                )
+            if status.is_current:
+                return
+            raise SchemaNotCurrent(
+                f"schema at migration {status.current}, {status.latest} needed: run `schedlock migrate`"
+            )
+        except (StoreUnavailable, SchemaNotCurrent) as exc:
+            log.warning(
+                "database not ready, retrying", extra={"error": str(exc), "retry_in_s": delay}
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+async def run(settings: OperatorSettings) -> int:
+    store = PostgresStore(settings.database_url, application_name=settings.holder_name)
+    try:
+        await wait_for_schema(store, settings)
+    except StoreError as exc:
+        print(f"schedlock operator: error: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    kopf_settings = kopf.OperatorSettings()
+    configure(kopf_settings)
+    if settings.webhook_enabled:
+        kopf_settings.admission.server = kopf.WebhookServer(
+            addr=settings.webhook_host,
+            port=settings.webhook_port,
+            certfile=str(settings.webhook_cert_file),
+            pkeyfile=str(settings.webhook_key_file),
+        )
+    registry = build_registry(store, validate=settings.webhook_enabled)
+    stopping = asyncio.Event()
+    sync = StatusSync(
+        store, None, sweep_seconds=settings.sweep_seconds, holder=settings.holder_name
+    )
+    sync_task = asyncio.create_task(sync.run(stopping), name="status-sync")
+    log.info(
+        "operator started",
+        extra={
+            "holder": settings.holder_name,
+            "namespaces": list(settings.watch_namespaces) or "all",
+            "webhook": settings.webhook_enabled,
+        },
+    )
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=kopf_settings,
+            standalone=True,
+            clusterwide=not settings.watch_namespaces,
+            namespaces=settings.watch_namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
+        )
+    except kopf.LoginError as exc:
+        print(f"schedlock operator: error: cannot log in to Kubernetes: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    finally:
+        stopping.set()
+        try:
+            await asyncio.wait_for(sync_task, 5)
+        except TimeoutError:
+            sync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sync_task
+        log.info("operator stopped")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the Kubernetes operator for ScheduledPublish objects",
+        description=(
+            "Reconcile ScheduledPublish objects (schedlock.dev/v1) into database rows and "
+            "reflect outcomes back into their status and Events. Every flag can also be set "
+            "by its SCHEDLOCK_* variable."
+        ),
+    )
+    add_arguments(parser, OperatorSettings)
+    parser.set_defaults(command=command, command_name="operator")
+
+
+def command(args: argparse.Namespace) -> int:
+    settings = build(OperatorSettings, args)
+    logs.configure(settings.log_level, settings.log_format)
+    return asyncio.run(run(settings))

@@ -1,0 +1,136 @@
+"""The operator's settings: one typed object from flags and SCHEDLOCK_* variables."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from schedlock.settings import (
+    SettingError,
+    choice,
+    database_url,
+    host,
+    integer,
+    number,
+    readable_file,
+    setting,
+    spec_of,
+    text,
+)
+
+
+def namespace_list(raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    for name in names:
+        if not name.replace("-", "").isalnum() or name != name.lower() or len(name) > 63:
+            raise ValueError(f"must be a comma-separated list of namespace names, got {name!r}")
+    return names
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    database_url: str = setting(
+        env="SCHEDLOCK_DATABASE_URL",
+        help="PostgreSQL shared with the sidecars (postgresql://…; the operator needs LISTEN/NOTIFY)",
+        default="",
+        parse=database_url,
+        unit="url",
+        secret=True,
+    )
+    watch_namespaces: tuple[str, ...] = setting(
+        env="SCHEDLOCK_WATCH_NAMESPACES",
+        help="comma-separated namespaces to serve; empty serves the whole cluster",
+        default=(),
+        parse=namespace_list,
+        unit="list",
+    )
+    health_port: int = setting(
+        env="SCHEDLOCK_HEALTH_PORT",
+        help="port of the liveness endpoint /healthz",
+        default=8080,
+        parse=integer(1, 65535),
+        unit="port",
+    )
+    webhook_port: int = setting(
+        env="SCHEDLOCK_WEBHOOK_PORT",
+        help="port of the HTTPS admission webhook (validation of ScheduledPublish objects)",
+        default=9443,
+        parse=integer(1, 65535),
+        unit="port",
+    )
+    webhook_host: str = setting(
+        env="SCHEDLOCK_WEBHOOK_HOST",
+        help="address the webhook server binds to",
+        default="0.0.0.0",
+        parse=host,
+        unit="address",
+    )
+    webhook_cert_file: Path | None = setting(
+        env="SCHEDLOCK_WEBHOOK_CERT_FILE",
+        help="TLS certificate (PEM) of the webhook; the webhook is off when unset",
+        default=None,
+        parse=readable_file,
+        unit="path",
+    )
+    webhook_key_file: Path | None = setting(
+        env="SCHEDLOCK_WEBHOOK_KEY_FILE",
+        help="TLS private key (PEM) of the webhook",
+        default=None,
+        parse=readable_file,
+        unit="path",
+    )
+    sweep_seconds: float = setting(
+        env="SCHEDLOCK_SYNC_SWEEP_SECONDS",
+        help="how often the status sync re-reads changed rows (repairs lost notifications)",
+        default=30.0,
+        parse=number(1, 3600),
+        unit="seconds",
+    )
+    holder: str = setting(
+        env="SCHEDLOCK_HOLDER",
+        help="this replica's name in the database (application_name); defaults to the host name",
+        default="",
+        parse=text(63),
+    )
+    migrate: str = setting(
+        env="SCHEDLOCK_MIGRATE",
+        help="auto: apply missing migrations at start; off: wait for `schedlock migrate`",
+        default="auto",
+        parse=choice("auto", "off"),
+    )
+    log_level: str = setting(
+        env="SCHEDLOCK_LOG_LEVEL",
+        help="log level",
+        default="info",
+        parse=choice("debug", "info", "warning", "error"),
+    )
+    log_format: str = setting(
+        env="SCHEDLOCK_LOG_FORMAT",
+        help="json (one object per line) or text",
+        default="json",
+        parse=choice("json", "text"),
+    )
+
+    def validate(self) -> None:
+        cls = type(self)
+        if not self.database_url:
+            raise SettingError(spec_of(cls, "database_url"), "is required")
+        if self.database_url.startswith("sqlite"):
+            raise SettingError(
+                spec_of(cls, "database_url"),
+                "must be a postgresql:// URL (the operator listens for outcomes with NOTIFY)",
+            )
+        if (self.webhook_cert_file is None) != (self.webhook_key_file is None):
+            raise SettingError(
+                spec_of(cls, "webhook_key_file"),
+                "set both SCHEDLOCK_WEBHOOK_CERT_FILE and SCHEDLOCK_WEBHOOK_KEY_FILE, or neither",
+            )
+
+    @property
+    def holder_name(self) -> str:
+        return self.holder or socket.gethostname()
+
+    @property
+    def webhook_enabled(self) -> bool:
+        return self.webhook_cert_file is not None

@@ -1,0 +1,317 @@
+"""ScheduledPublish end to end: kubectl -> operator -> row -> sidecar -> app -> status + Events.
+
+Real kube-apiserver + etcd (RBAC on), the operator under a ServiceAccount bound to exactly
+the chart's rules, its validating webhook called over TLS by the API server, real PostgreSQL,
+two sidecars and a recording app.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support.kube import KubeAPIServer
+from tests.support.operators import (
+    OPERATOR_NAMESPACE,
+    OPERATOR_SA,
+    OperatorProcess,
+    install_crd,
+    operator_kubeconfig,
+    webhook_configuration,
+    with_webhook,
+)
+from tests.support.pg_fixtures import PostgresService
+from tests.support.sidecars import SidecarGroup, wait_for
+
+NAMESPACE = "e2e-publish"
+
+
+@dataclass
+class Stack:
+    kube: KubeAPIServer
+    database: str
+    operator: OperatorProcess
+    sidecars: SidecarGroup
+
+    def apply(self, name: str, **spec: Any) -> dict[str, Any]:
+        obj = {
+            "apiVersion": "schedlock.dev/v1",
+            "kind": "ScheduledPublish",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"target": "demo", **spec},
+        }
+        self.kube.apply(obj)
+        return obj
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        out = self.kube.kubectl("get", "sp", name, "-n", NAMESPACE, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def status(self, name: str) -> dict[str, Any]:
+        obj = self.get(name)
+        return (obj or {}).get("status") or {}
+
+    def events(self, name: str) -> list[str]:
+        out = self.kube.kubectl(
+            "get",
+            "events",
+            "-n",
+            NAMESPACE,
+            "-o",
+            "json",
+            "--field-selector",
+            f"involvedObject.name={name}",
+        )
+        return [e["reason"] for e in json.loads(out.stdout)["items"]]
+
+    def row(self, uid: str) -> dict[str, Any] | None:
+        with psycopg.connect(self.database, autocommit=True) as conn:
+            cur = conn.execute(
+                "SELECT state, due_at, attempts, generation FROM schedlock_publishes WHERE uid = %s",
+                (uid,),
+            )
+            found = cur.fetchone()
+        if found is None:
+            return None
+        return dict(zip(("state", "due_at", "attempts", "generation"), found, strict=True))
+
+    def deliveries(self, uid: str) -> list[dict[str, Any]]:
+        assert self.sidecars.receiver is not None
+        return [e for e in self.sidecars.receiver.entries() if e["uid"] == uid]
+
+
+def at(seconds: float) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def ready(status: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+
+
+@pytest.fixture(scope="module")
+def stack(
+    kube: KubeAPIServer,
+    postgres: PostgresService,
+    migrated_template: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp("operator-e2e")
+    database = postgres.create_database(template=migrated_template)
+    install_crd(kube)
+    kube.kubectl("create", "namespace", NAMESPACE, check=False)
+    cert = with_webhook(workdir)
+    operator = OperatorProcess(
+        workdir / "operator", database, operator_kubeconfig(kube), webhook=cert
+    )
+    operator.start()
+    kube.apply(webhook_configuration(operator.webhook_port, cert.ca_pem))
+    sidecars = SidecarGroup(workdir / "sidecars", database, namespace=NAMESPACE, replicas=2).start()
+    try:
+        yield Stack(kube, database, operator, sidecars)
+    finally:
+        kube.kubectl(
+            "delete", "validatingwebhookconfiguration", "schedlock-test-validate", check=False
+        )
+        sidecars.stop()
+        operator.stop()
+        postgres.drop_database(database)
+
+
+def test_apply_fires_and_status_follows(stack: Stack) -> None:
+    applied_at = time.time()
+    stack.apply("hello", publishAt=at(3), payload={"greeting": 'héllo "world"'})
+    uid = wait_for(
+        lambda: (stack.get("hello") or {}).get("metadata", {}).get("uid"),
+        timeout=5,
+        what="the object",
+    )
+    wait_for(lambda: stack.row(uid), timeout=5, what="the row")
+    assert time.time() - applied_at < 5
+    assert stack.status("hello")["phase"] in ("Scheduled", "Published", "Firing")
+    [delivery] = wait_for(lambda: stack.deliveries(uid), timeout=15, what="the delivery")
+    assert delivery["payload"] == {"greeting": 'héllo "world"'}
+    wait_for(
+        lambda: stack.status("hello").get("phase") == "Published",
+        timeout=10,
+        what="status Published",
+    )
+    status_seen = time.time()
+    assert status_seen - float(delivery["arrival"]) < 2.0 + 0.5  # poll granularity
+    status = stack.status("hello")
+    assert ready(status)["status"] == "True"
+    assert ready(status)["observedGeneration"] == 1
+    assert status["lastFiredAt"] and status["firedBy"]["holder"].startswith("demo-")
+    assert status["observedGeneration"] == 1
+    try:
+        wait_for(
+            lambda: {"Scheduled", "Published"} <= set(stack.events("hello")),
+            timeout=10,
+            what="Scheduled and Published events",
+        )
+    except TimeoutError:
+        print(stack.kube.kubectl("get", "events", "-A", "-o", "wide").stdout)
+        raise
+
+
+def test_update_moves_the_row_and_refires_only_for_a_new_time(stack: Stack) -> None:
+    stack.apply("moving", publishAt=at(600))
+    uid = wait_for(
+        lambda: (stack.get("moving") or {}).get("metadata", {}).get("uid"),
+        timeout=5,
+        what="the object",
+    )
+    wait_for(lambda: stack.row(uid), timeout=5, what="the row")
+    stack.apply("moving", publishAt=at(2))
+    wait_for(lambda: (stack.row(uid) or {}).get("generation") == 2, timeout=5, what="the moved row")
+    wait_for(lambda: len(stack.deliveries(uid)) == 1, timeout=15, what="the moved fire")
+    wait_for(
+        lambda: stack.status("moving").get("phase") == "Published", timeout=10, what="Published"
+    )
+    # A payload-only change after firing does not fire again...
+    stack.apply("moving", publishAt=stack.get("moving")["spec"]["publishAt"], payload={"v": 2})
+    wait_for(lambda: (stack.row(uid) or {}).get("generation") == 3, timeout=5, what="generation 3")
+    time.sleep(2)
+    assert len(stack.deliveries(uid)) == 1
+    # ...a new time does, with a new idempotency key.
+    stack.apply("moving", publishAt=at(2), payload={"v": 2})
+    wait_for(lambda: len(stack.deliveries(uid)) == 2, timeout=15, what="the second fire")
+    first, second = stack.deliveries(uid)
+    assert first["key"] != second["key"]
+
+
+def test_delete_before_firing_cancels(stack: Stack) -> None:
+    stack.apply("doomed", publishAt=at(4))
+    uid = wait_for(
+        lambda: (stack.get("doomed") or {}).get("metadata", {}).get("uid"),
+        timeout=5,
+        what="the object",
+    )
+    wait_for(lambda: stack.row(uid), timeout=5, what="the row")
+    stack.kube.kubectl("delete", "sp", "doomed", "-n", NAMESPACE, "--wait=true", "--timeout=20s")
+    assert stack.get("doomed") is None
+    assert stack.row(uid)["state"] == "cancelled"
+    time.sleep(5)
+    assert stack.deliveries(uid) == []
+
+
+def test_operator_killed_mid_burst(stack: Stack) -> None:
+    names = [f"burst-{i:03d}" for i in range(200)]
+    due = at(15)
+
+    def manifest(chunk: list[str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "schedlock.dev/v1",
+                    "kind": "ScheduledPublish",
+                    "metadata": {"name": n, "namespace": NAMESPACE},
+                    "spec": {"target": "demo", "publishAt": due, "payload": {"n": n}},
+                }
+                for n in chunk
+            ],
+        }
+
+    stack.kube.apply(manifest(names[:100]))
+    time.sleep(1.0)
+    stack.operator.kill()
+    stack.kube.apply(manifest(names[100:]))
+    stack.operator.start()
+    uids = {}
+    for name in names:
+        uids[name] = wait_for(
+            lambda n=name: (stack.get(n) or {}).get("metadata", {}).get("uid"),
+            timeout=10,
+            what=name,
+        )
+
+    def all_published() -> bool:
+        out = stack.kube.kubectl("get", "sp", "-n", NAMESPACE, "-o", "json")
+        phases = {
+            o["metadata"]["name"]: (o.get("status") or {}).get("phase")
+            for o in json.loads(out.stdout)["items"]
+        }
+        return all(phases.get(n) == "Published" for n in names)
+
+    wait_for(all_published, timeout=90, interval=1, what="200 objects Published")
+    with psycopg.connect(stack.database, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT uid, count(*) FROM schedlock_publishes WHERE uid = ANY(%s) GROUP BY uid",
+            (list(uids.values()),),
+        ).fetchall()
+    assert len(rows) == 200 and all(n == 1 for _, n in rows)
+    assert stack.sidecars.receiver is not None
+    counts: dict[str, int] = {}
+    for entry in stack.sidecars.receiver.entries():
+        counts[entry["uid"]] = counts.get(entry["uid"], 0) + 1
+    assert all(counts.get(uid) == 1 for uid in uids.values()), (
+        "a burst object fired twice or not at all"
+    )
+
+
+def test_suspend_and_recurring_status(stack: Stack) -> None:
+    stack.apply("paused", publishAt=at(2), suspend=True)
+    uid = wait_for(
+        lambda: (stack.get("paused") or {}).get("metadata", {}).get("uid"),
+        timeout=5,
+        what="the object",
+    )
+    wait_for(
+        lambda: stack.status("paused").get("phase") == "Suspended", timeout=10, what="Suspended"
+    )
+    time.sleep(3)
+    assert stack.deliveries(uid) == []
+    assert stack.row(uid)["state"] == "suspended"
+    stack.apply("nightly", schedule="0 3 * * *", timeZone="Europe/Berlin")
+    wait_for(lambda: stack.status("nightly").get("nextFireAt"), timeout=10, what="nextFireAt")
+    status = stack.status("nightly")
+    assert status["phase"] == "Scheduled" and ready(status)["status"] == "True"
+    assert status["nextFireAt"].endswith(("01:00:00Z", "02:00:00Z"))  # 03:00 Berlin in UTC
+
+
+def test_webhook_refuses_what_the_schema_cannot_see(stack: Stack) -> None:
+    big = {"blob": "x" * 20_000}
+    obj = {
+        "apiVersion": "schedlock.dev/v1",
+        "kind": "ScheduledPublish",
+        "metadata": {"name": "too-big", "namespace": NAMESPACE},
+        "spec": {"target": "demo", "publishAt": at(60), "payload": big},
+    }
+    out = stack.kube.kubectl("apply", "-f", "-", input=json.dumps(obj), check=False)
+    assert out.returncode != 0
+    assert "spec.payload is" in out.stderr and "at most 16384 bytes" in out.stderr
+    obj["metadata"]["name"] = "never"
+    obj["spec"] = {"target": "demo", "schedule": "0 0 30 2 *"}
+    out = stack.kube.kubectl("apply", "-f", "-", input=json.dumps(obj), check=False)
+    assert out.returncode != 0 and "spec.schedule" in out.stderr
+
+
+def test_operator_runs_with_least_privilege(stack: Stack) -> None:
+    who = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}"
+
+    def can(*args: str) -> bool:
+        out = stack.kube.kubectl("auth", "can-i", *args, "--as", who, check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("watch", "scheduledpublishes.schedlock.dev", "--all-namespaces")
+    assert can("patch", "scheduledpublishes.schedlock.dev/status", "-n", NAMESPACE)
+    assert can("create", "events", "-n", NAMESPACE)
+    for verb, resource in [
+        ("delete", "scheduledpublishes.schedlock.dev"),
+        ("create", "scheduledpublishes.schedlock.dev"),
+        ("get", "secrets"),
+        ("list", "pods"),
+        ("list", "namespaces"),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("create", "leases.coordination.k8s.io"),
+    ]:
+        assert not can(verb, resource, "-n", NAMESPACE), f"{verb} {resource} must not be granted"
+    assert "Forbidden" not in stack.operator.log_text()
