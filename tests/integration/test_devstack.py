@@ -106,7 +106,16 @@ def up(dev_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]
     state = json.loads((dev_dir / "state.json").read_text())
     assert state["status"] == "ready"
     pids = stack_pids(state)
-    assert set(pids) == {"supervisor", "postgres", "etcd", "kube-apiserver"}
+    assert set(pids) == {
+        "supervisor",
+        "postgres",
+        "etcd",
+        "kube-apiserver",
+        "operator",
+        "demo-app",
+        "demo-0",
+        "demo-1",
+    }
     assert all(running(pid) for pid in pids.values()), pids
     return result, state
 
@@ -133,6 +142,23 @@ def test_up_is_usable_idempotent_and_down_leaves_no_process(dev_dir: Path) -> No
         check=False,
     )
     assert readyz.stdout.strip() == "ok", readyz.stdout + readyz.stderr
+
+    # The product runs on it: the example fires for real and its status says so.
+    example = REPO / "examples" / "scheduledpublish.yaml"
+    applied = in_env(dev_dir, f"kubectl apply -f {example}")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    wait_until(
+        lambda: (
+            in_env(
+                dev_dir, "kubectl get sp launch-announcement -o jsonpath={.status.phase}"
+            ).stdout.strip()
+            == "Published"
+        ),
+        timeout=30,
+        what="the example ScheduledPublish to be Published",
+    )
+    listed = in_env(dev_dir, "kubectl get sp")
+    assert "launch-announcement" in listed.stdout and "Published" in listed.stdout
 
     # The env file alone makes psql, kubectl and schedlock work, against this stack.
     select = in_env(dev_dir, 'psql "$DATABASE_URL" -tAc "select 1"')

@@ -1,6 +1,7 @@
 """The local development stack behind ``make dev-up`` / ``make dev-down``.
 
-    python -m tests.support.devstack up       start PostgreSQL + etcd + kube-apiserver (idempotent)
+    python -m tests.support.devstack up       start PostgreSQL + etcd + kube-apiserver, the CRD,
+                                              the operator, a demo app and two sidecars
     python -m tests.support.devstack status   say whether it is up, with its URLs (exit 3: not up)
     python -m tests.support.devstack down     stop it and leave no process behind (idempotent)
 
@@ -75,6 +76,8 @@ from typing import Any, ClassVar
 
 from tests.support import pg
 from tests.support.kube import KubeAPIServer, KubeToolsMissingError, resolve_tool_dir
+from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
+from tests.support.sidecars import ReceiverProcess, SidecarGroup
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_DIR_ENV = "SCHEDLOCK_DEV_DIR"
@@ -363,6 +366,7 @@ class Stack:
 
     paths: Paths
     exports: dict[str, str] = field(default_factory=dict)
+    kube: KubeAPIServer | None = None  # set by the Kube component for the ones after it
 
 
 class Component(abc.ABC):
@@ -468,6 +472,7 @@ class Kube(Component):
 
     def start(self, stack: Stack) -> None:
         self.server.start()
+        stack.kube = self.server
         _write_atomic(self.paths.kubeconfig, self.server.admin_kubeconfig.read_text(), 0o600)
         stack.exports["KUBECONFIG"] = str(self.paths.kubeconfig)
         # Ports are reused across runs: a discovery cache under ~/.kube, keyed by host:port,
@@ -488,7 +493,83 @@ class Kube(Component):
         }
 
 
-COMPONENTS: list[type[Component]] = [Postgres, Kube]
+class Schedlock(Component):
+    """The product on top: the CRD, the operator under its least-privilege ServiceAccount, a
+    demo app and two sidecars (target ``demo``, namespace ``default``).  After ``up``,
+    ``kubectl apply -f examples/scheduledpublish.yaml`` fires for real."""
+
+    name = "schedlock"
+
+    def __init__(self, paths: Paths) -> None:
+        super().__init__(paths)
+        self.operator: OperatorProcess | None = None
+        self.sidecars: SidecarGroup | None = None
+
+    @staticmethod
+    def home(paths: Paths) -> Path:
+        return paths.root / "schedlock"
+
+    @staticmethod
+    def markers(paths: Paths) -> list[Marker]:
+        # The operator and sidecars die with the supervisor (PR_SET_PDEATHSIG); the app is
+        # recognisable by its log path.
+        return [("--log", str(Schedlock.home(paths) / "demo-app" / "deliveries.jsonl"))]
+
+    def start(self, stack: Stack) -> None:
+        assert stack.kube is not None, "the Kube component starts first"
+        database = stack.exports["DATABASE_URL"]
+        home = self.home(self.paths)
+        install_crd(stack.kube)
+        self.operator = OperatorProcess(
+            home / "operator", database, operator_kubeconfig(stack.kube)
+        )
+        self.operator.start()
+        self.sidecars = SidecarGroup(
+            home,
+            database,
+            target="demo",
+            namespace="default",
+            replicas=2,
+            receiver=ReceiverProcess(home / "demo-app"),
+            extra_env={"SCHEDLOCK_LOG_FORMAT": "text"},
+        )
+        assert self.sidecars.receiver is not None
+        self.sidecars.receiver.start()
+        self.sidecars.start()
+
+    def stop(self) -> None:
+        if self.sidecars is not None:
+            self.sidecars.stop()
+        if self.operator is not None:
+            self.operator.stop()
+
+    def processes(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        if self.operator is not None and self.operator.process is not None:
+            found["operator"] = self.operator.process.pid
+        if self.sidecars is not None:
+            if self.sidecars.receiver is not None and self.sidecars.receiver.process is not None:
+                found["demo-app"] = self.sidecars.receiver.process.pid
+            for sidecar in self.sidecars:
+                if sidecar.process is not None:
+                    found[sidecar.name] = sidecar.process.pid
+        return found
+
+    def describe(self) -> dict[str, Any]:
+        home = self.home(self.paths)
+        return {
+            "url": self.sidecars.receiver.url if self.sidecars and self.sidecars.receiver else "",
+            "target": "demo",
+            "namespace": "default",
+            "deliveries": str(home / "demo-app" / "deliveries.jsonl"),
+            "logs": [
+                str(home / "operator" / "operator.log"),
+                *(str(s.log_path) for s in self.sidecars or []),
+            ],
+        }
+
+
+COMPONENTS: list[type[Component]] = [Postgres, Kube, Schedlock]
 
 
 # --------------------------------------------------------------------------- the env file
@@ -676,7 +757,9 @@ def usage(paths: Paths, state: dict[str, Any]) -> str:
         f"  source {env_file}    # DATABASE_URL, KUBECONFIG, PATH (psql, kubectl, helm, schedlock)",
         "  kubectl get --raw /readyz",
         "  psql \"$DATABASE_URL\" -c 'select 1'",
-        "  schedlock --help",
+        "  kubectl apply -f examples/scheduledpublish.yaml   # fires at once on the demo app",
+        "  kubectl get sp                                     # ... and shows it Published",
+        "  schedlock status                                   # who leads each lock key",
         f"  {down}",
     ]
     return "\n".join(lines)
