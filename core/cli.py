@@ -27,10 +27,16 @@ PROLOG = (
 def _registrars() -> list[Registrar]:
     """Subcommand registrars, in the order ``--help`` lists them."""
     from schedlock import admin
-    from schedlock.operator import app as operator_app
+    from schedlock.operator import command as operator_command
+    from schedlock.operator import inject_command
     from schedlock.sidecar import app as sidecar_app
 
-    return [sidecar_app.add_parser, operator_app.add_parser, admin.add_parsers]
+    return [
+        sidecar_app.add_parser,
+        operator_command.add_parser,
+        inject_command.add_parser,
+        admin.add_parsers,
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:

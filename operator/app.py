@@ -8,18 +8,15 @@ kopf peering would add a cluster-wide CRD and RBAC for little gain at this size.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import sys
 
 import kopf
-from schedlock import logs
 from schedlock.operator.handlers import build_registry, configure
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
-from schedlock.settings import add_arguments, build
 from schedlock.store import SchemaNotCurrent, SchemaTooNew, StoreError, StoreUnavailable
 from schedlock.store.postgres import PostgresStore
 
@@ -68,7 +65,11 @@ async def run(settings: OperatorSettings) -> int:
             certfile=str(settings.webhook_cert_file),
             pkeyfile=str(settings.webhook_key_file),
         )
-    registry = build_registry(store, validate=settings.webhook_enabled)
+    registry = build_registry(
+        store,
+        validate=settings.webhook_enabled,
+        injection=settings.injection if settings.webhook_enabled else None,
+    )
     stopping = asyncio.Event()
     sync = StatusSync(
         store, None, sweep_seconds=settings.sweep_seconds, holder=settings.holder_name
@@ -104,23 +105,3 @@ async def run(settings: OperatorSettings) -> int:
                 await sync_task
         log.info("operator stopped")
     return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "operator",
-        help="run the Kubernetes operator for ScheduledPublish objects",
-        description=(
-            "Reconcile ScheduledPublish objects (schedlock.dev/v1) into database rows and "
-            "reflect outcomes back into their status and Events. Every flag can also be set "
-            "by its SCHEDLOCK_* variable."
-        ),
-    )
-    add_arguments(parser, OperatorSettings)
-    parser.set_defaults(command=command, command_name="operator")
-
-
-def command(args: argparse.Namespace) -> int:
-    settings = build(OperatorSettings, args)
-    logs.configure(settings.log_level, settings.log_format)
-    return asyncio.run(run(settings))

@@ -15,6 +15,12 @@ from typing import Any
 import kopf
 from schedlock.operator import mapping
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
+from schedlock.operator.injection import (
+    ANNOTATION_INJECT,
+    InjectionConfig,
+    inject_pod,
+    wants_sidecar,
+)
 from schedlock.store import PublishSpec, Store, StoreError, StoreUnavailable
 
 RETRIES = 20
@@ -39,7 +45,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 30
 
 
-def build_registry(store: Store, *, validate: bool) -> kopf.OperatorRegistry:
+def build_registry(
+    store: Store, *, validate: bool, injection: InjectionConfig | None = None
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
@@ -121,6 +129,21 @@ def build_registry(store: Store, *, validate: bool) -> kopf.OperatorRegistry:
                 reason="Cancelled",
                 message="deleted: the schedule will not fire again",
             )
+
+    if injection is not None:
+
+        @kopf.on.mutate("", "v1", "pods", registry=registry, id="inject", operations=["CREATE"])
+        def inject(body: kopf.Body, patch: kopf.Patch, warnings: list[str], **_: Any) -> None:
+            metadata, spec = dict(body.get("metadata") or {}), dict(body.get("spec") or {})
+            decision = wants_sidecar(metadata)
+            if not decision.inject:
+                if metadata.get("annotations", {}).get(ANNOTATION_INJECT):
+                    warnings.append(f"schedlock: {decision.reason}")
+                return
+            changed = inject_pod(metadata, spec, injection)
+            if changed is not None:
+                patch.metadata["labels"] = changed[0]["labels"]
+                patch.spec["initContainers"] = changed[1]["initContainers"]
 
     if validate:
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from schedlock import __version__
+from schedlock.operator.injection import DEFAULT_RESOURCES, InjectionConfig, parse_resources
 from schedlock.settings import (
     SettingError,
     choice,
@@ -18,6 +23,16 @@ from schedlock.settings import (
     spec_of,
     text,
 )
+
+DEFAULT_IMAGE = f"ghcr.io/schedlock/schedlock:{__version__}"
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def dns_subdomain(raw: str) -> str:
+    value = raw.strip()
+    if not _SUBDOMAIN.match(value):
+        raise ValueError(f"must be a Kubernetes object name (DNS subdomain), got {raw!r}")
+    return value
 
 
 def namespace_list(raw: str) -> tuple[str, ...]:
@@ -80,6 +95,40 @@ class OperatorSettings:
         parse=readable_file,
         unit="path",
     )
+    sidecar_image: str = setting(
+        env="SCHEDLOCK_SIDECAR_IMAGE",
+        help="image of the sidecar the injection webhook adds to opted-in pods",
+        default=DEFAULT_IMAGE,
+        parse=text(253),
+        unit="image",
+    )
+    sidecar_database_secret: str = setting(
+        env="SCHEDLOCK_SIDECAR_DATABASE_SECRET",
+        help="Secret in each app namespace holding the sidecars' database URL "
+        "(a pod can name another with the schedlock.dev/database-secret annotation)",
+        default="schedlock-database",
+        parse=dns_subdomain,
+    )
+    sidecar_database_secret_key: str = setting(
+        env="SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY",
+        help="key of the database URL in that Secret",
+        default="url",
+        parse=text(253),
+    )
+    sidecar_lease_seconds: float = setting(
+        env="SCHEDLOCK_SIDECAR_LEASE_SECONDS",
+        help="lease of the injected sidecars (how long a frozen leader keeps its keys)",
+        default=10.0,
+        parse=number(2, 300),
+        unit="seconds",
+    )
+    sidecar_resources: dict[str, Any] | None = setting(
+        env="SCHEDLOCK_SIDECAR_RESOURCES",
+        help="resources of the injected sidecar container, as JSON",
+        default=None,
+        parse=parse_resources,
+        unit="json",
+    )
     sweep_seconds: float = setting(
         env="SCHEDLOCK_SYNC_SWEEP_SECONDS",
         help="how often the status sync re-reads changed rows (repairs lost notifications)",
@@ -134,3 +183,13 @@ class OperatorSettings:
     @property
     def webhook_enabled(self) -> bool:
         return self.webhook_cert_file is not None
+
+    @property
+    def injection(self) -> InjectionConfig:
+        return InjectionConfig(
+            image=self.sidecar_image,
+            database_secret=self.sidecar_database_secret,
+            database_secret_key=self.sidecar_database_secret_key,
+            lease_seconds=self.sidecar_lease_seconds,
+            resources=self.sidecar_resources or copy.deepcopy(DEFAULT_RESOURCES),
+        )

@@ -23,6 +23,7 @@ from tests.support.operators import (
     OPERATOR_SA,
     OperatorProcess,
     install_crd,
+    mutating_webhook_configuration,
     operator_kubeconfig,
     webhook_configuration,
     with_webhook,
@@ -112,6 +113,7 @@ def stack(
     )
     operator.start()
     kube.apply(webhook_configuration(operator.webhook_port, cert.ca_pem))
+    kube.apply(mutating_webhook_configuration(operator.webhook_port, cert.ca_pem, NAMESPACE))
     sidecars = SidecarGroup(workdir / "sidecars", database, namespace=NAMESPACE, replicas=2).start()
     try:
         yield Stack(kube, database, operator, sidecars)
@@ -315,3 +317,33 @@ def test_operator_runs_with_least_privilege(stack: Stack) -> None:
     ]:
         assert not can(verb, resource, "-n", NAMESPACE), f"{verb} {resource} must not be granted"
     assert "Forbidden" not in stack.operator.log_text()
+
+
+def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
+    def create(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "annotations": annotations,
+                "labels": {"app.kubernetes.io/name": "billing"},
+            },
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
+        }
+        out = stack.kube.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(pod))
+        created: dict[str, Any] = json.loads(out.stdout)
+        return created
+
+    injected = create("opted-in", {"schedlock.dev/inject": "true"})
+    [sidecar] = injected["spec"]["initContainers"]
+    assert sidecar["name"] == "schedlock" and sidecar["restartPolicy"] == "Always"
+    assert sidecar["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert {"name": "SCHEDLOCK_TARGET", "value": "billing"} in sidecar["env"]
+    assert sidecar["securityContext"]["runAsNonRoot"] is True
+    assert injected["metadata"]["labels"]["schedlock.dev/injected"] == "true"
+    assert [c["name"] for c in injected["spec"]["containers"]] == ["app"]
+    untouched = create("plain", {})
+    assert "initContainers" not in untouched["spec"]
+    assert "schedlock.dev/injected" not in untouched["metadata"].get("labels", {})

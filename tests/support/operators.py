@@ -78,6 +78,40 @@ def webhook_configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
     }
 
 
+def mutating_webhook_configuration(port: int, ca_pem: bytes, namespace: str) -> dict[str, Any]:
+    """What the chart renders for sidecar injection, pointed at localhost, scoped to one
+    namespace of the test (the chart excludes kube-system and its own namespace)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": f"schedlock-test-inject-{namespace}"},
+        "webhooks": [
+            {
+                "name": "inject.schedlock.dev",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/inject",
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "operations": ["CREATE"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "timeoutSeconds": 5,
+            }
+        ],
+    }
+
+
 @dataclass
 class OperatorProcess:
     workdir: Path
