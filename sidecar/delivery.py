@@ -9,8 +9,9 @@ attempt, term, holder, payload) and the headers
 * ``X-Schedlock-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`` when a
   signing secret is configured.
 
-The response body is read up to 4 KiB (for the error text) and redirects are not followed, so a
-hostile or broken app costs bounded time and memory.  Classification into success / retryable /
+The response body is read up to 4 KiB (for the error text), a large success body is never read
+(the connection is dropped instead of reused), redirects are not followed and the whole call is
+bounded by the request timeout, so a hostile or broken app costs bounded time and memory.  Classification into success / retryable /
 permanent is pure (``schedlock.scheduling.classify``).
 """
 
@@ -29,6 +30,7 @@ from schedlock.scheduling import AttemptResult, idempotency_key
 from schedlock.store import FireRow
 
 MAX_ERROR_BODY = 4096
+MAX_REUSED_BODY = 64 * 1024
 SIGNATURE_HEADER = "X-Schedlock-Signature"
 
 
@@ -103,7 +105,12 @@ class Deliverer:
                 self.target_url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 if 200 <= response.status < 300:
-                    await response.release()
+                    # Keep the connection for a small body; never read a big one (drop it).
+                    length = response.content_length
+                    if length is not None and length <= MAX_REUSED_BODY:
+                        await response.release()
+                    else:
+                        response.close()
                     return AttemptResult(status=response.status, error=None)
                 snippet = await response.content.read(MAX_ERROR_BODY)
                 text = snippet.decode("utf-8", "replace").strip().splitlines()

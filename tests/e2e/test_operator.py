@@ -347,3 +347,69 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
     untouched = create("plain", {})
     assert "initContainers" not in untouched["spec"]
     assert "schedlock.dev/injected" not in untouched["metadata"].get("labels", {})
+
+
+def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) -> None:
+    namespace = "e2e-restricted"
+    stack.kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": namespace,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                },
+            },
+        }
+    )
+    stack.kube.apply(
+        mutating_webhook_configuration(
+            stack.operator.webhook_port,
+            stack.operator.webhook.ca_pem,  # type: ignore[union-attr]
+            namespace,
+        )
+    )
+    restricted_app = {
+        "name": "app",
+        "image": "example/app:1",
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+    def create(name: str, container: dict[str, Any]) -> Any:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "annotations": {"schedlock.dev/inject": "true"},
+                "labels": {"app.kubernetes.io/name": "billing"},
+            },
+            "spec": {"containers": [container]},
+        }
+        return stack.kube.kubectl(
+            "create", "-f", "-", "-o", "json", input=json.dumps(pod), check=False
+        )
+
+    try:
+        accepted = create("compliant", restricted_app)
+        assert accepted.returncode == 0, accepted.stderr
+        assert json.loads(accepted.stdout)["spec"]["initContainers"][0]["name"] == "schedlock"
+        # The namespace really enforces the profile: an app without the context is refused.
+        refused = create("careless", {"name": "app", "image": "example/app:1"})
+        assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr
+        assert '"schedlock"' not in refused.stderr  # the injected sidecar is never the culprit
+    finally:
+        stack.kube.kubectl(
+            "delete",
+            "mutatingwebhookconfiguration",
+            f"schedlock-test-inject-{namespace}",
+            check=False,
+        )

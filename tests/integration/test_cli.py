@@ -133,3 +133,46 @@ def test_unreachable_database_is_a_clear_error() -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("schedlock status: error: cannot read the status:")
     assert "Traceback" not in result.stderr
+
+
+OPERATOR_GOOD = {"SCHEDLOCK_DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none"}
+OPERATOR_BAD_VALUES: dict[str, tuple[str, str]] = {
+    "SCHEDLOCK_DATABASE_URL": ("sqlite:///x.db", "must be a postgresql:// URL"),
+    "SCHEDLOCK_WATCH_NAMESPACES": ("good,Bad_One", "namespace names"),
+    "SCHEDLOCK_HEALTH_PORT": ("0", "from 1 to 65535"),
+    "SCHEDLOCK_WEBHOOK_PORT": ("99999", "from 1 to 65535"),
+    "SCHEDLOCK_WEBHOOK_HOST": ("no host!", "host name or IP address"),
+    "SCHEDLOCK_WEBHOOK_CERT_FILE": ("/no/cert.pem", "readable file"),
+    "SCHEDLOCK_WEBHOOK_KEY_FILE": ("/no/key.pem", "readable file"),
+    "SCHEDLOCK_SIDECAR_IMAGE": ("x" * 300, "1 to 253"),
+    "SCHEDLOCK_SIDECAR_DATABASE_SECRET": ("Not_A_Name", "DNS subdomain"),
+    "SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY": ("", "1 to 253"),
+    "SCHEDLOCK_SIDECAR_LEASE_SECONDS": ("1", "from 2 to 300"),
+    "SCHEDLOCK_SIDECAR_RESOURCES": ("{cpu: 1}", "JSON object"),
+    "SCHEDLOCK_SYNC_SWEEP_SECONDS": ("0", "from 1 to 3600"),
+    "SCHEDLOCK_HOLDER": ("x" * 64, "1 to 63"),
+    "SCHEDLOCK_MIGRATE": ("maybe", "one of auto, off"),
+    "SCHEDLOCK_LOG_LEVEL": ("chatty", "one of debug"),
+    "SCHEDLOCK_LOG_FORMAT": ("yaml", "one of json, text"),
+}
+
+
+def test_every_operator_setting_is_in_the_table() -> None:
+    from schedlock.operator.settings import OperatorSettings
+
+    assert {spec.env for _, spec in specs(OperatorSettings)} == set(OPERATOR_BAD_VALUES)
+
+
+@pytest.mark.parametrize("env_name", sorted(OPERATOR_BAD_VALUES))
+def test_bad_operator_setting_is_one_line_and_exit_2(env_name: str) -> None:
+    value, allowed = OPERATOR_BAD_VALUES[env_name]
+    env = {**OPERATOR_GOOD, env_name: value}
+    if env_name == "SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY":
+        result = run("operator", "--sidecar-database-secret-key", " ", env=OPERATOR_GOOD)
+    else:
+        result = run("operator", env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("schedlock operator: error: --")
+    assert allowed in lines[0]

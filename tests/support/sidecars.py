@@ -250,7 +250,8 @@ class SidecarGroup:
             "SCHEDLOCK_TARGET_URL": self.receiver.url,
             **self.extra_env,
         }
-        sidecar = SidecarProcess(f"{self.target}-{len(self.sidecars)}", self.workdir, env).start()
+        name = f"{self.target}-{len(self.sidecars)}"
+        sidecar = SidecarProcess(name, self.workdir, env).start()
         self.sidecars.append(sidecar)
         return sidecar
 
