@@ -11,8 +11,8 @@ attempt, term, holder, payload) and the headers
 
 The response body is read up to 4 KiB (for the error text), a large success body is never read
 (the connection is dropped instead of reused), redirects are not followed and the whole call is
-bounded by the request timeout, so a hostile or broken app costs bounded time and memory.  Classification into success / retryable /
-permanent is pure (``schedlock.scheduling.classify``).
+bounded by the request timeout, so a hostile or broken app costs bounded time and memory.
+Classification into success / retryable / permanent is pure (``schedlock.scheduling.classify``).
 """
 
 from __future__ import annotations
