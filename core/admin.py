@@ -134,6 +134,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     async def migrate(store: Store) -> tuple[list[int], int]:
         applied = await store.migrate()
+        if args.grant_sidecar or args.grant_operator:
+            granted = await store.grant(
+                sidecar_role=args.grant_sidecar, operator_role=args.grant_operator
+            )
+            print(f"granted runtime privileges to {', '.join(granted)}")
         return applied, (await store.schema_status()).current
 
     result = _with_store("migrate", db, migrate, "cannot migrate")
@@ -337,6 +342,18 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "newer than this binary.",
     )
     add_arguments(migrate, DatabaseSettings)
+    migrate.add_argument(
+        "--grant-sidecar",
+        metavar="ROLE",
+        default=None,
+        help="grant the sidecars' least privileges (no DDL) to this role",
+    )
+    migrate.add_argument(
+        "--grant-operator",
+        metavar="ROLE",
+        default=None,
+        help="grant the operator's least privileges (no DDL) to this role",
+    )
     migrate.set_defaults(command=cmd_migrate, command_name="migrate")
 
     publish = subparsers.add_parser(

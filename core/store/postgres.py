@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
+from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from schedlock.store import queries, rows
@@ -63,6 +64,18 @@ UNSAFE_POOLER = (
 )
 
 
+# Least privileges per runtime role: (privileges, objects). No role but the owner gets DDL.
+SIDECAR_GRANTS = (
+    ("SELECT, INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_terms")),
+    ("SELECT, UPDATE", ("TABLE schedlock_schedules",)),
+    ("SELECT", ("TABLE schedlock_migrations",)),
+    ("USAGE", ("SEQUENCE schedlock_publishes_id_seq",)),
+)
+OPERATOR_GRANTS = (
+    ("SELECT, INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_schedules")),
+    ("SELECT", ("TABLE schedlock_terms", "TABLE schedlock_migrations")),
+    ("USAGE", ("SEQUENCE schedlock_publishes_id_seq", "SEQUENCE schedlock_schedules_id_seq")),
+)
 AFFINITY_PROBES = 1  # each probe is one more server connection for a moment
 _AFFINITY_LOCKS: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
@@ -489,6 +502,37 @@ class PostgresStore:
                 released = await cur.fetchone()
                 if not released or not released["released"]:
                     raise UnlockFailed("the migration lock was not held when releasing it")
+
+        return await self._run(run)
+
+    async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
+        """Grant the least privileges each runtime role needs (run as the schema owner).
+
+        Neither role gets DDL: sidecars read and move rows, take locks and record terms; the
+        operator writes rows and schedules and reads terms.  Returns the roles granted to.
+        """
+
+        async def run(conn: Conn) -> list[str]:
+            done: list[str] = []
+            for role, grants in ((sidecar_role, SIDECAR_GRANTS), (operator_role, OPERATOR_GRANTS)):
+                if not role:
+                    continue
+                cur = await conn.execute(Q["role_exists"], {"role": role})
+                found = await cur.fetchone()
+                if not found or not found["exists"]:
+                    raise StoreError(
+                        f"role {role!r} does not exist: create it first (CREATE ROLE …)"
+                    )
+                async with conn.transaction():
+                    for privileges, objects in grants:
+                        for obj in objects:
+                            await conn.execute(
+                                sql.SQL("GRANT {} ON {} TO {}").format(
+                                    sql.SQL(privileges), sql.SQL(obj), sql.Identifier(role)
+                                )
+                            )
+                done.append(role)
+            return done
 
         return await self._run(run)
 

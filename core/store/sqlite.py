@@ -311,6 +311,9 @@ class SqliteStore:
 
         return await self.db.run(run)
 
+    async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
+        raise StoreError("SQLite has no roles: grants need PostgreSQL")
+
     async def schema_status(self) -> SchemaStatus:
         def run(c: sqlite3.Connection) -> int:
             exists = c.execute(

@@ -13,7 +13,7 @@ import pytest
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 
 from tests.support.checks import assert_duplicates_only_across_crash
-from tests.support.pg_fixtures import PostgresService
+from tests.support.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
 from tests.support.rows import insert_rows, row_states
 from tests.support.sidecars import SidecarGroup, wait_for
 
@@ -23,7 +23,10 @@ FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": "1
 
 @pytest.fixture
 def group(tmp_path: Path, migrated_database: str) -> Iterator[SidecarGroup]:
-    replicas = SidecarGroup(tmp_path, migrated_database, replicas=3, extra_env=FAST).start()
+    sidecar_url = as_role(migrated_database, SIDECAR_ROLE)  # no DDL, least privilege
+    replicas = SidecarGroup(
+        tmp_path, sidecar_url, replicas=3, extra_env={**FAST, "SCHEDLOCK_MIGRATE": "off"}
+    ).start()
     try:
         yield replicas
     finally:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from tests.support.checks import assert_duplicates_only_across_crash
+from tests.support.pg_fixtures import SIDECAR_ROLE, as_role
 from tests.support.rows import insert_rows, row_states
 from tests.support.sidecars import SidecarGroup, wait_for
 
@@ -15,7 +16,12 @@ KILLS = 4
 
 
 def test_repeated_leader_kills_lose_nothing(tmp_path: Path, migrated_database: str) -> None:
-    group = SidecarGroup(tmp_path, migrated_database, replicas=3).start()
+    group = SidecarGroup(
+        tmp_path,
+        as_role(migrated_database, SIDECAR_ROLE),
+        replicas=3,
+        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+    ).start()
     try:
         uids = insert_rows(migrated_database, ROWS, start_in=1.0, spacing=0.005, prefix="bulk")
         killed: set[str] = set()

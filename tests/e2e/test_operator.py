@@ -28,7 +28,7 @@ from tests.support.operators import (
     webhook_configuration,
     with_webhook,
 )
-from tests.support.pg_fixtures import PostgresService
+from tests.support.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
 from tests.support.sidecars import SidecarGroup, wait_for
 
 NAMESPACE = "e2e-publish"
@@ -114,7 +114,13 @@ def stack(
     operator.start()
     kube.apply(webhook_configuration(operator.webhook_port, cert.ca_pem))
     kube.apply(mutating_webhook_configuration(operator.webhook_port, cert.ca_pem, NAMESPACE))
-    sidecars = SidecarGroup(workdir / "sidecars", database, namespace=NAMESPACE, replicas=2).start()
+    sidecars = SidecarGroup(
+        workdir / "sidecars",
+        as_role(database, SIDECAR_ROLE),
+        namespace=NAMESPACE,
+        replicas=2,
+        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+    ).start()
     try:
         yield Stack(kube, database, operator, sidecars)
     finally:

@@ -282,3 +282,33 @@ def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: st
         await listener.close()
 
     asyncio.run(run())
+
+
+def test_runtime_roles_have_no_ddl_and_only_their_privileges(migrated_database: str) -> None:
+    from tests.support.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, as_role
+
+    for role in (SIDECAR_ROLE, OPERATOR_ROLE):
+        with psycopg.connect(as_role(migrated_database, role), autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("CREATE TABLE schedlock_evil (x int)")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("DELETE FROM schedlock_publishes")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("DROP TABLE schedlock_terms")
+    with psycopg.connect(as_role(migrated_database, OPERATOR_ROLE), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE schedlock_terms SET term = term + 1")  # only sidecars lead
+    # and the runtime roles can run the store's verbs they need
+    asyncio.run(
+        open_store(as_role(migrated_database, OPERATOR_ROLE)).upsert_publish(spec(uid="r1"))
+    )
+    # A runtime role cannot run a pending migration: it is told so (the owner must migrate).
+    with psycopg.connect(migrated_database, autocommit=True) as conn:
+        conn.execute(
+            "DELETE FROM schedlock_migrations WHERE id = (SELECT max(id) FROM schedlock_migrations)"
+        )
+        conn.execute("DROP TABLE schedlock_terms CASCADE")
+    from schedlock.store import StoreError
+
+    with pytest.raises(StoreError, match="permission denied"):
+        asyncio.run(open_store(as_role(migrated_database, SIDECAR_ROLE)).migrate())

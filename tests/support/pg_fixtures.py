@@ -123,16 +123,33 @@ def pgbouncer_factory(
         bouncer.stop()
 
 
+SIDECAR_ROLE = "schedlock_sidecar"
+OPERATOR_ROLE = "schedlock_operator"
+
+
+def as_role(url: str, role: str) -> str:
+    """The same database URL, connecting as ROLE (the test server trusts local logins)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+
 @pytest.fixture(scope="session")
 def migrated_template(postgres: PostgresService) -> str:
-    """A database migrated once per session; tests clone it (fast) instead of migrating."""
+    """A database migrated once per session by the owner, with the runtime roles granted
+    their least privileges; tests clone it (fast) and run components under those roles."""
     import asyncio
 
     from schedlock.store import open_store
 
+    for role in (SIDECAR_ROLE, OPERATOR_ROLE):
+        exists = postgres.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", role)
+        if not exists:
+            postgres.execute(f'CREATE ROLE "{role}" LOGIN')
     url = postgres.create_database()
     store = open_store(url)
     asyncio.run(store.migrate())
+    asyncio.run(store.grant(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE))
     return urlsplit(url).path.lstrip("/")
 
 

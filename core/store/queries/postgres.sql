@@ -312,3 +312,6 @@ LIMIT %(limit)s;
 
 -- name: db_now
 SELECT now() AS now;
+
+-- name: role_exists
+SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS exists;
