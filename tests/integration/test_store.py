@@ -295,9 +295,11 @@ def test_runtime_roles_have_no_ddl_and_only_their_privileges(migrated_database: 
                 conn.execute("DELETE FROM schedlock_publishes")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("DROP TABLE schedlock_terms")
-    with psycopg.connect(as_role(migrated_database, OPERATOR_ROLE), autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("UPDATE schedlock_terms SET term = term + 1")  # only sidecars lead
+    with (
+        psycopg.connect(as_role(migrated_database, OPERATOR_ROLE), autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("UPDATE schedlock_terms SET term = term + 1")  # only sidecars lead
     # and the runtime roles can run the store's verbs they need
     asyncio.run(
         open_store(as_role(migrated_database, OPERATOR_ROLE)).upsert_publish(spec(uid="r1"))
