@@ -8,10 +8,12 @@ two sidecars and a recording app.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -28,7 +30,7 @@ from tests.support.operators import (
     webhook_configuration,
     with_webhook,
 )
-from tests.support.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
+from tests.support.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
 from tests.support.sidecars import SidecarGroup, wait_for
 
 NAMESPACE = "e2e-publish"
@@ -109,7 +111,11 @@ def stack(
     kube.kubectl("create", "namespace", NAMESPACE, check=False)
     cert = with_webhook(workdir)
     operator = OperatorProcess(
-        workdir / "operator", database, operator_kubeconfig(kube), webhook=cert
+        workdir / "operator",
+        as_role(database, OPERATOR_ROLE),  # least privilege, no DDL
+        operator_kubeconfig(kube),
+        webhook=cert,
+        extra_env={"SCHEDLOCK_MIGRATE": "off"},
     )
     operator.start()
     kube.apply(webhook_configuration(operator.webhook_port, cert.ca_pem))
@@ -419,3 +425,31 @@ def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) ->
             f"schedlock-test-inject-{namespace}",
             check=False,
         )
+
+
+def test_one_status_sync_at_a_time_and_a_clean_shutdown(stack: Stack, tmp_path: Path) -> None:
+    second = OperatorProcess(
+        tmp_path / "second",
+        as_role(stack.database, OPERATOR_ROLE),
+        stack.operator.kubeconfig,
+        extra_env={"SCHEDLOCK_MIGRATE": "off", "SCHEDLOCK_HOLDER": "operator-two"},
+    )
+    second.start()
+    try:
+        stack.apply("twice", publishAt=at(1))
+        uid = wait_for(
+            lambda: (stack.get("twice") or {}).get("metadata", {}).get("uid"),
+            timeout=5,
+            what="the object",
+        )
+        wait_for(
+            lambda: stack.status("twice").get("phase") == "Published", timeout=15, what="Published"
+        )
+        time.sleep(2)
+        assert stack.events("twice").count("Published") == 1, stack.events("twice")
+        assert "status sync active" not in second.log_text()  # waiting on the advisory lock
+        assert len(stack.deliveries(uid)) == 1
+    finally:
+        assert second.process is not None
+        second.process.send_signal(signal.SIGTERM)
+        assert second.process.wait(20) == 0, second.log_text()[-2000:]
