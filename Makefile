@@ -52,6 +52,15 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@echo "==> helm lint"
 	@bash hack/tools.sh ensure helm
 	@"$$(bash hack/tools.sh bindir helm)/helm" lint --strict charts/schedlock
+	@echo "==> helm lint of every charts/schedlock/ci/*.yaml"
+	@for f in charts/schedlock/ci/*.yaml; do "$$(bash hack/tools.sh bindir helm)/helm" lint --strict charts/schedlock -f "$$f" >/dev/null || { echo "helm lint failed with $$f"; exit 1; }; done
+	@echo "==> generated manifests are current (CRD, RBAC rules)"
+	@$(PY) hack/gen-manifests.py --check >/dev/null
+	@echo "==> checkov on the rendered chart (skip-list: charts/schedlock/.checkov.yaml)"
+	@bash hack/tools.sh ensure checkov
+	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \
+		for f in charts/schedlock/ci/*.yaml; do "$$(bash hack/tools.sh bindir helm)/helm" template schedlock charts/schedlock -n schedlock-system -f "$$f" >"$$out/$$(basename "$$f")"; done && \
+		"$$(bash hack/tools.sh bindir checkov)/checkov" --quiet --compact --config-file charts/schedlock/.checkov.yaml -d "$$out" >"$$out/checkov.txt" || { cat "$$out/checkov.txt"; exit 1; }
 	@echo "==> promtool check metrics (live /metrics of a throwaway sidecar)"
 	@bash hack/tools.sh ensure promtool
 	@VENV=$(VENV) bash hack/check-metrics.sh
@@ -68,7 +77,7 @@ test-unit: venv ## fast pure-logic tests, nothing running
 .PHONY: test
 test: venv tools lint ## install everything, run the whole suite (unit, integration, e2e), clean up
 	@echo "==> pytest: unit, integration and e2e against real PostgreSQL, PgBouncer, kube-apiserver, helm, Prometheus"
-	@$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	@CHECKOV="$$(bash hack/tools.sh bindir checkov)/checkov" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 .PHONY: dev-up
 dev-up: venv tools ## start the local stack (Postgres, kube-apiserver, etcd) in the background

@@ -6,7 +6,12 @@
 
 Generated files (committed, never edited by hand):
 
-    charts/schedlock/crds/scheduledpublishes.schedlock.dev.yaml   from operator/crd.py
+    charts/schedlock/files/crd.yaml                    from operator/crd.py
+    charts/schedlock/files/operator-rbac-rules.yaml    from operator/rbac.py
+
+The chart embeds both with `.Files.Get`: the CRD is a template behind `crds.install` (not in
+`crds/`, which Helm installs once and never upgrades), and the ClusterRole's rules are exactly
+`operator_rules()`.
 
 The output is deterministic: keys keep the order the source builds them in, time zones are
 sorted, and long strings are folded at a fixed width.  It passes `yamllint -s` with the repo's
@@ -25,9 +30,11 @@ from pathlib import Path
 
 import yaml
 from schedlock.operator.crd import crd_manifest
+from schedlock.operator.rbac import operator_rules
 
 REPO = Path(__file__).resolve().parents[1]
-CRD_PATH = Path("charts/schedlock/crds/scheduledpublishes.schedlock.dev.yaml")
+CRD_PATH = Path("charts/schedlock/files/crd.yaml")
+RBAC_RULES_PATH = Path("charts/schedlock/files/operator-rbac-rules.yaml")
 _WIDTH = 120  # PyYAML folds plain and quoted scalars here, below yamllint's 140
 _DIFF_LINES = 40
 
@@ -53,23 +60,35 @@ def _header(source: str, *notes: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_crd() -> str:
-    """The ScheduledPublish CRD as committed in the chart's crds/ folder."""
-    body = yaml.dump(
-        crd_manifest(),
+def _dump(data: object) -> str:
+    return yaml.dump(
+        data,
         Dumper=_Dumper,
         sort_keys=False,
         allow_unicode=True,
         width=_WIDTH,
         default_flow_style=False,
     )
+
+
+def render_crd() -> str:
+    """The ScheduledPublish CRD as committed in the chart (templates/crd.yaml embeds it)."""
     tzdata = importlib.metadata.version("tzdata")
     note = f"spec.timeZone accepts the zones of the tzdata package {tzdata}."
-    return _header("operator/crd.py", note) + body
+    return _header("operator/crd.py", note) + _dump(crd_manifest())
+
+
+def render_rbac_rules() -> str:
+    """The operator's ClusterRole rules (a YAML list; templates/rbac.yaml embeds it)."""
+    note = "The rules of the operator's ClusterRole: exactly operator_rules(), nothing else."
+    return _header("operator/rbac.py", note) + _dump(operator_rules())
 
 
 # Every generated file (relative to the repository root) and the function producing it.
-GENERATED: dict[Path, Callable[[], str]] = {CRD_PATH: render_crd}
+GENERATED: dict[Path, Callable[[], str]] = {
+    CRD_PATH: render_crd,
+    RBAC_RULES_PATH: render_rbac_rules,
+}
 
 
 def render_all() -> dict[Path, str]:

@@ -11,6 +11,7 @@
 #   helm                     helm.sh/helm/v3 (Go module)
 #   prometheus, promtool     Debian's `prometheus` package
 #   pgbouncer                Debian's `pgbouncer` package
+#   checkov                  PyPI, in a virtualenv of its own (its pins clash with the dev tools)
 #
 # KUBEBUILDER_ASSETS (the envtest convention) wins for kube-apiserver/etcd/kubectl when set.
 # The cache is keyed by version, so bumping a pin below builds the new version once per machine.
@@ -19,6 +20,7 @@ set -euo pipefail
 KUBERNETES_VERSION="v1.34.4"
 ETCD_VERSION="v3.6.5"
 HELM_VERSION="v3.19.0"
+CHECKOV_VERSION="3.3.30"
 # Bump when the build recipe changes (ldflags…): the cache is keyed by version and this revision.
 RECIPE="r2"
 
@@ -36,6 +38,7 @@ bindir() {
       esac ;;
     helm) echo "$CACHE/helm-$HELM_VERSION-$RECIPE/bin" ;;
     prometheus|promtool|pgbouncer) echo "/usr/bin" ;;
+    checkov) echo "$CACHE/checkov-$CHECKOV_VERSION/bin" ;;
     *) echo "unknown tool: $1" >&2; return 2 ;;
   esac
 }
@@ -160,6 +163,15 @@ import _ "helm.sh/helm/v3/cmd/helm"'
   go_build "$dir" "helm $HELM_VERSION" "$gomod" "tools.go:$tools" "$ld" helm.sh/helm/v3/cmd/helm
 }
 
+install_checkov() {
+  local dir; dir="$(bindir checkov)"
+  [[ -x "$dir/checkov" ]] && return 0
+  log "checkov $CHECKOV_VERSION: installing into its own virtualenv (about a minute)"
+  rm -rf "${dir%/bin}"
+  python3 -m venv "${dir%/bin}"
+  "$dir/pip" install -q --disable-pip-version-check "checkov==$CHECKOV_VERSION" >/dev/null
+}
+
 install_debian() {
   local missing=()
   for pkg in "$@"; do
@@ -180,7 +192,7 @@ install_debian() {
 
 ensure() {
   local tools=("$@")
-  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm prometheus pgbouncer)
+  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm prometheus pgbouncer checkov)
   for t in "${tools[@]}"; do
     case "$t" in
       kube-apiserver|kubectl)
@@ -194,6 +206,7 @@ ensure() {
       helm) build_helm ;;
       prometheus|promtool) install_debian prometheus ;;
       pgbouncer) install_debian pgbouncer ;;
+      checkov) install_checkov ;;
       *) echo "unknown tool: $t" >&2; exit 2 ;;
     esac
   done

@@ -1,8 +1,9 @@
 """The ScheduledPublish CustomResourceDefinition, built in Python: its one source of truth.
 
 ``crd_manifest()`` returns the CRD as a plain dict.  ``hack/gen-manifests.py`` renders it into
-``charts/schedlock/crds/``, the integration tests apply it to a real API server, and the operator
-reuses the names, bounds and messages exported here, so a bound is written down exactly once.
+``charts/schedlock/files/crd.yaml`` (the chart templates it), the integration tests apply it
+to a real API server, and the operator reuses the names, bounds and messages exported here, so
+a bound is written down exactly once.
 
 What the API server enforces (OpenAPI schema plus CEL rules, no webhook needed):
 

@@ -23,7 +23,7 @@ from schedlock.scheduling import Schedule, ScheduleError, validate_time_zone
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = REPO / "hack" / "gen-manifests.py"
-CRD_FILE = REPO / "charts" / "schedlock" / "crds" / "scheduledpublishes.schedlock.dev.yaml"
+CRD_FILE = REPO / "charts" / "schedlock" / "files" / "crd.yaml"
 
 
 def _generator() -> ModuleType:
@@ -64,7 +64,7 @@ def _walk(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, An
 def test_committed_yaml_is_the_generators_output() -> None:
     """Nobody edits the chart's CRD by hand: it must be exactly what the generator writes."""
     outputs = _generator().render_all()
-    assert Path("charts/schedlock/crds/scheduledpublishes.schedlock.dev.yaml") in outputs
+    assert Path("charts/schedlock/files/crd.yaml") in outputs
     for path, expected in outputs.items():
         committed = (REPO / path).read_text(encoding="utf-8")
         assert committed == expected, (
@@ -106,7 +106,7 @@ def test_check_mode_reports_a_stale_file_and_writing_fixes_it(
     assert generator.main(["--check"]) == 1
     err = capsys.readouterr().err
     assert "maximum: 20" in err and "maximum: 99" in err  # the diff
-    assert "stale: charts/schedlock/crds/scheduledpublishes.schedlock.dev.yaml" in err
+    assert "stale: charts/schedlock/files/crd.yaml" in err
 
 
 def test_check_mode_passes_on_the_committed_tree() -> None:

@@ -1,0 +1,920 @@
+"""The Helm chart and the image recipe, checked without a cluster.
+
+`helm lint --strict` and `helm template` of the defaults and every `ci/` values file, the values
+schema refusing bad values with a readable message, Pod Security "restricted" on every pod
+template, RBAC exactly `operator_rules()`, the CRD exactly `crd_manifest()`, the operator's
+environment 1:1 on its settings, the webhooks and their certificates, monitoring gated on its
+API, checkov on the rendered manifests, and the Dockerfile's build commands run outside a
+container.  Installing into a real API server is tests/e2e/test_helm_install.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from schedlock import __version__
+from schedlock.operator.crd import crd_manifest
+from schedlock.operator.rbac import operator_rules
+from schedlock.operator.settings import OperatorSettings
+from schedlock.settings import specs
+
+from tests.support.tools import tool
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "schedlock"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+NAMESPACE = "schedlock-system"
+RELEASE = "schedlock"
+CHECKOV_CONFIG = CHART / ".checkov.yaml"
+
+RECOMMENDED_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of",
+    "helm.sh/chart",
+)
+MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+
+Manifest = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def helm(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(tool("helm")), *(str(a) for a in args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+@cache
+def _render(args: tuple[str, ...]) -> tuple[Manifest, ...]:
+    result = helm("template", RELEASE, CHART, "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+def render(*args: str | Path) -> list[Manifest]:
+    """`helm template` with extra arguments (values files, --set, --api-versions)."""
+    return [json.loads(json.dumps(d)) for d in _render(tuple(str(a) for a in args))]
+
+
+def values_args(values: Path | None) -> list[str]:
+    return [] if values is None else ["-f", str(values)]
+
+
+def one(docs: Iterable[Manifest], kind: str) -> Manifest:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def kinds(docs: Iterable[Manifest]) -> set[str]:
+    return {d["kind"] for d in docs}
+
+
+def operator_container(docs: Iterable[Manifest]) -> Manifest:
+    deployment = one(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def env_of(container: Manifest) -> dict[str, Manifest]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+VALUES_IDS = ["defaults", *(p.stem for p in CI_VALUES)]
+VALUES = [None, *CI_VALUES]
+
+
+# --------------------------------------------------------------------------- lint and schema
+
+
+@pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
+def test_helm_lint_strict(values: Path | None) -> None:
+    result = helm("lint", "--strict", CHART, *values_args(values))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_ci_values_cover_the_documented_cases() -> None:
+    assert {p.stem for p in CI_VALUES} == {
+        "defaults-values",
+        "all-features-values",
+        "existing-secret-values",
+        "no-webhooks-values",
+    }
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "injection.failurePolicy=Sometimes",
+            "at '/injection/failurePolicy': value must be one of 'Ignore', 'Fail'",
+        ),
+        ("operator.logLevel=verbose", "at '/operator/logLevel': value must be one of"),
+        ("operator.replicas=2", "at '/operator': additional properties 'replicas' not allowed"),
+        ("injection.sidecar.leaseSeconds=1", "at '/injection/sidecar/leaseSeconds': minimum"),
+        ("operator.syncSweepSeconds=7200", "at '/operator/syncSweepSeconds': maximum"),
+        ("database.url=sqlite:///tmp/x.db", "at '/database/url'"),
+        ("monitoring.podMonitor.portName=schedlock-metrics", "maxLength"),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        ("webhook.certManager.issuerRef.kind=Vault", "at '/webhook/certManager/issuerRef/kind'"),
+        ("networkPolicy.database.port=70000", "at '/networkPolicy/database/port': maximum"),
+    ],
+)
+def test_schema_refuses_bad_values_with_a_clear_message(setting: str, message: str) -> None:
+    result = helm("template", RELEASE, CHART, "--set", setting)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr, result.stderr
+
+
+def test_unknown_top_level_key_is_refused() -> None:
+    result = helm("template", RELEASE, CHART, "--set", "replicaCount=3")
+    assert result.returncode != 0
+    assert "additional properties 'replicaCount' not allowed" in result.stderr
+
+
+def _schema_objects(node: Any, path: str = "$") -> Iterable[tuple[str, dict[str, Any]]]:
+    if isinstance(node, dict):
+        if node.get("type") == "object" or "properties" in node:
+            yield path, node
+        for key, child in node.items():
+            yield from _schema_objects(child, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            yield from _schema_objects(child, f"{path}[{index}]")
+
+
+def test_schema_closes_every_object_and_covers_every_value() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    for path, node in _schema_objects(schema):
+        if path == "$.properties.global" or path.endswith("Affinity"):  # free-form by design
+            continue
+        assert "additionalProperties" in node, f"{path} accepts unknown keys"
+
+    def walk(values: Any, node: dict[str, Any], path: str) -> None:
+        if "$ref" in node:
+            node = schema["definitions"][node["$ref"].rsplit("/", 1)[1]]
+        if isinstance(values, dict) and "properties" in node:
+            for key, value in values.items():
+                assert key in node["properties"], f"{path}.{key} is not in the schema"
+                walk(value, node["properties"][key], f"{path}.{key}")
+
+    walk(yaml.safe_load((CHART / "values.yaml").read_text()), schema, "values")
+
+
+def test_values_yaml_documents_the_choices() -> None:
+    text = (CHART / "values.yaml").read_text()
+    assert "crds:" in text and "helm.sh/resource-policy: keep" in text
+    assert "Helm installs `crds/` once and never upgrades it" in text
+    assert "failurePolicy is Ignore" in text  # the validating webhook's choice
+    assert "pods start WITHOUT a sidecar" in text  # the injector's choice
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def test_defaults_render_the_operator_and_its_webhooks() -> None:
+    docs = render()
+    assert kinds(docs) == {
+        "ServiceAccount",
+        "Secret",  # the self-managed webhook certificate
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "Deployment",
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    }
+    assert not (CHART / "crds").exists(), "the CRD is a template now: crds/ is never upgraded"
+
+
+@pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
+def test_every_object_has_the_recommended_labels(values: Path | None) -> None:
+    for doc in render(*values_args(values)):
+        labels = doc["metadata"].get("labels") or {}
+        missing = [key for key in RECOMMENDED_LABELS if key not in labels]
+        assert not missing, f"{doc['kind']} {doc['metadata']['name']} lacks {missing}"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/version"] == __version__
+        assert labels["app.kubernetes.io/part-of"] == "schedlock"
+        if doc["kind"] in ("Deployment",):
+            template_labels = doc["spec"]["template"]["metadata"]["labels"]
+            assert all(key in template_labels for key in RECOMMENDED_LABELS)
+
+
+def test_image_is_pinned_to_the_app_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    container = operator_container(render())
+    assert container["image"] == f"ghcr.io/schedlock/schedlock:{__version__}"
+    assert env_of(container)["SCHEDLOCK_SIDECAR_IMAGE"]["value"] == container["image"]
+    digest = "sha256:" + "ab" * 32
+    pinned = operator_container(render("--set", f"image.digest={digest}"))
+    assert pinned["image"] == f"ghcr.io/schedlock/schedlock@{digest}"
+    assert env_of(pinned)["SCHEDLOCK_SIDECAR_IMAGE"]["value"] == pinned["image"]
+
+
+def test_operator_deployment_shape() -> None:
+    deployment = one(render(), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == one(render(), "ServiceAccount")["metadata"]["name"]
+    container = operator_container(render())
+    assert container["args"] == ["operator"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8080,
+        "webhook": 9443,
+    }
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert set(mounts) == {"/tmp", "/tls"}
+    assert mounts["/tls"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+    assert volumes[mounts["/tls"]["name"]]["secret"]["secretName"] == "schedlock-webhook-tls"
+    selector = spec["selector"]["matchLabels"]
+    assert selector.items() <= spec["template"]["metadata"]["labels"].items()
+    assert one(render(), "Service")["spec"]["selector"] == selector
+
+
+def _restricted_violations(pod: Manifest, where: str) -> list[str]:
+    """Pod Security Standards "restricted" (v1.29+) plus our read-only root filesystem."""
+    problems: list[str] = []
+    pod_sc = pod.get("securityContext") or {}
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            problems.append(f"{where}: {field}")
+    allowed_volumes = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for volume in pod.get("volumes") or []:
+        types = set(volume) - {"name"}
+        if not types <= allowed_volumes:
+            problems.append(f"{where}: volume {volume['name']} of type {types}")
+    containers = [*(pod.get("initContainers") or []), *pod["containers"]]
+    for container in containers:
+        name = f"{where}/{container['name']}"
+        sc = container.get("securityContext") or {}
+        if sc.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            problems.append(f"{name}: capabilities must drop ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: adds capabilities {caps['add']}")
+        if not sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")):
+            problems.append(f"{name}: runAsNonRoot")
+        if sc.get("runAsUser", pod_sc.get("runAsUser")) in (0, None):
+            problems.append(f"{name}: runAsUser must be a non-zero uid")
+        seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile {seccomp}")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{name}: readOnlyRootFilesystem")
+        for port in container.get("ports") or []:
+            if port.get("hostPort"):
+                problems.append(f"{name}: hostPort")
+    return problems
+
+
+@pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
+def test_every_pod_template_passes_pod_security_restricted(values: Path | None) -> None:
+    templates = []
+    for doc in render(*values_args(values)):
+        if doc["kind"] == "Pod":
+            templates.append((doc["metadata"]["name"], doc["spec"]))
+        elif doc["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
+            templates.append((doc["metadata"]["name"], doc["spec"]["template"]["spec"]))
+    assert templates
+    for name, pod in templates:
+        assert _restricted_violations(pod, name) == []
+        pod_sc = pod["securityContext"]
+        assert pod_sc["runAsUser"] == 65532 and pod_sc["runAsNonRoot"] is True
+        assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["runAsUser"] == 65532
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_restricted_checker_catches_violations() -> None:
+    """The checker above is not vacuous."""
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
+    assert _restricted_violations(pod, "ok") == []
+    bad = json.loads(json.dumps(pod))
+    bad["hostNetwork"] = True
+    bad["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    bad["containers"][0]["securityContext"]["capabilities"] = {"add": ["NET_ADMIN"]}
+    bad["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    assert len(_restricted_violations(bad, "bad")) == 5
+
+
+def test_cluster_role_rules_are_exactly_operator_rules() -> None:
+    for values in VALUES:
+        docs = render(*values_args(values))
+        role = one(docs, "ClusterRole")
+        assert role["rules"] == operator_rules()
+        binding = one(docs, "ClusterRoleBinding")
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": role["metadata"]["name"],
+        }
+        account = one(docs, "ServiceAccount")
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": account["metadata"]["name"],
+                "namespace": NAMESPACE,
+            }
+        ]
+    assert "Role" not in kinds(render())  # nothing namespaced beyond the ClusterRole
+    assert not {"ClusterRole", "ClusterRoleBinding"} & kinds(render("--set", "rbac.create=false"))
+
+
+def test_crd_is_the_generated_manifest_and_kept_on_uninstall() -> None:
+    crd = one(render(), "CustomResourceDefinition")
+    expected = crd_manifest()
+    assert crd["spec"] == expected["spec"]
+    assert crd["metadata"]["name"] == expected["metadata"]["name"]
+    assert expected["metadata"]["labels"].items() <= crd["metadata"]["labels"].items()
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    unkept = one(render("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert "annotations" not in unkept["metadata"]
+    assert "CustomResourceDefinition" not in kinds(render("--set", "crds.install=false"))
+
+
+def test_operator_env_maps_one_to_one_onto_its_settings() -> None:
+    """Every SCHEDLOCK_* variable the chart sets is an operator setting, and parses."""
+    settings = {spec.env: spec for _, spec in specs(OperatorSettings)}
+    for values in VALUES:
+        env = env_of(operator_container(render(*values_args(values))))
+        unknown = set(env) - set(settings)
+        assert not unknown, f"the operator has no setting for {sorted(unknown)}"
+        for name, entry in env.items():
+            if "value" not in entry or settings[name].unit == "path":
+                continue
+            settings[name].parse(entry["value"])  # raises on a value the operator refuses
+    env = env_of(operator_container(render()))
+    assert env["SCHEDLOCK_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "schedlock-database",
+        "key": "url",
+    }
+    fixed = {name: entry.get("value") for name, entry in env.items() if "value" in entry}
+    assert fixed == {
+        "SCHEDLOCK_WATCH_NAMESPACES": "",
+        "SCHEDLOCK_HEALTH_PORT": "8080",
+        "SCHEDLOCK_WEBHOOK_PORT": "9443",
+        "SCHEDLOCK_WEBHOOK_CERT_FILE": "/tls/tls.crt",
+        "SCHEDLOCK_WEBHOOK_KEY_FILE": "/tls/tls.key",
+        "SCHEDLOCK_LOG_FORMAT": "json",
+        "SCHEDLOCK_LOG_LEVEL": "info",
+        "SCHEDLOCK_SYNC_SWEEP_SECONDS": "30",
+        "SCHEDLOCK_MIGRATE": "auto",
+        "SCHEDLOCK_SIDECAR_IMAGE": f"ghcr.io/schedlock/schedlock:{__version__}",
+        "SCHEDLOCK_SIDECAR_DATABASE_SECRET": "schedlock-database",
+        "SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY": "url",
+        "SCHEDLOCK_SIDECAR_LEASE_SECONDS": "10",
+        "SCHEDLOCK_SIDECAR_RESOURCES": json.dumps(
+            {"limits": {"memory": "128Mi"}, "requests": {"cpu": "10m", "memory": "48Mi"}},
+            separators=(",", ":"),
+        ),
+    }
+
+
+def test_all_features_env() -> None:
+    env = env_of(operator_container(render("-f", CHART / "ci" / "all-features-values.yaml")))
+    assert env["SCHEDLOCK_WATCH_NAMESPACES"]["value"] == "apps,billing"
+    assert env["SCHEDLOCK_SYNC_SWEEP_SECONDS"]["value"] == "15"
+    assert env["SCHEDLOCK_MIGRATE"]["value"] == "off"
+    assert env["SCHEDLOCK_SIDECAR_DATABASE_SECRET"]["value"] == "app-database"
+    assert env["SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY"]["value"] == "dsn"
+    assert env["SCHEDLOCK_SIDECAR_LEASE_SECONDS"]["value"] == "6"
+    assert json.loads(env["SCHEDLOCK_SIDECAR_RESOURCES"]["value"]) == {
+        "requests": {"cpu": "20m", "memory": "64Mi"},
+        "limits": {"memory": "160Mi"},
+    }
+
+
+# --------------------------------------------------------------------------- database secret
+
+
+def test_database_url_from_an_existing_secret() -> None:
+    docs = render("-f", CHART / "ci" / "existing-secret-values.yaml")
+    ref = env_of(operator_container(docs))["SCHEDLOCK_DATABASE_URL"]["valueFrom"]
+    assert ref["secretKeyRef"] == {"name": "platform-postgres", "key": "connection-url"}
+    secrets = [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"]
+    assert "platform-postgres" not in secrets  # never created by the chart
+
+
+def test_database_url_value_becomes_a_secret_and_is_printed_nowhere() -> None:
+    url = "postgresql://schedlock:s3cr3t-pa55@db.example:5432/app"
+    result = helm("template", RELEASE, CHART, "-n", NAMESPACE, "--set", f"database.url={url}")
+    assert result.returncode == 0, result.stderr
+    assert "s3cr3t-pa55" not in result.stdout
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    secret = next(d for d in docs if d["metadata"]["name"] == "schedlock-database")
+    assert secret["kind"] == "Secret"
+    assert base64.b64decode(secret["data"]["url"]).decode() == url
+    ref = env_of(operator_container(docs))["SCHEDLOCK_DATABASE_URL"]["valueFrom"]
+    assert ref["secretKeyRef"] == {"name": "schedlock-database", "key": "url"}
+    annotations = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/database" in annotations  # a new URL restarts the operator
+
+
+def test_notes_never_print_the_database_url() -> None:
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert ".Values.database.url }}" not in notes.replace("if not .Values.database.url }}", "")
+
+
+# --------------------------------------------------------------------------- webhooks
+
+
+def _webhook(docs: list[Manifest], kind: str) -> Manifest:
+    (hook,) = one(docs, kind)["webhooks"]
+    return dict(hook)
+
+
+def test_validating_webhook() -> None:
+    docs = render()
+    hook = _webhook(docs, "ValidatingWebhookConfiguration")
+    service = one(docs, "Service")
+    assert hook["clientConfig"]["service"] == {
+        "name": service["metadata"]["name"],
+        "namespace": NAMESPACE,
+        "path": "/validate",
+        "port": 443,
+    }
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["schedlock.dev"],
+            "apiVersions": ["v1"],
+            "resources": ["scheduledpublishes"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["timeoutSeconds"] == 5
+    ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+    assert ports == {"webhook": (443, "webhook"), "http": (8080, "http")}
+    scoped = _webhook(
+        render("--set", "operator.watchNamespaces={a,b}"), "ValidatingWebhookConfiguration"
+    )
+    assert scoped["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}
+    ]
+
+
+def test_mutating_webhook_for_sidecar_injection() -> None:
+    docs = render()
+    hook = _webhook(docs, "MutatingWebhookConfiguration")
+    assert hook["clientConfig"]["service"]["path"] == "/inject"
+    assert hook["clientConfig"]["service"]["port"] == 443
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "operations": ["CREATE"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", NAMESPACE],
+            }
+        ]
+    }
+    assert "objectSelector" not in hook
+    assert hook["timeoutSeconds"] == 5
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["reinvocationPolicy"] == "Never"
+    assert hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    custom = _webhook(
+        render("-f", CHART / "ci" / "all-features-values.yaml"), "MutatingWebhookConfiguration"
+    )
+    assert custom["failurePolicy"] == "Fail"
+    assert custom["objectSelector"] == {
+        "matchExpressions": [{"key": "schedlock.dev/skip", "operator": "DoesNotExist"}]
+    }
+    assert custom["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "kube-system",
+        NAMESPACE,
+        "kube-public",
+        "kube-node-lease",
+    ]
+
+
+def test_self_managed_certificate_serves_the_service_and_matches_the_ca_bundle() -> None:
+    docs = render()
+    secret = one(docs, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["metadata"]["name"] == "schedlock-webhook-tls"
+    ca_b64 = secret["data"]["ca.crt"]
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        assert _webhook(docs, kind)["clientConfig"]["caBundle"] == ca_b64
+    ca = x509.load_pem_x509_certificate(base64.b64decode(ca_b64))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    service = one(docs, "Service")["metadata"]["name"]
+    assert f"{service}.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
+    validity = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert validity.days >= 3649
+
+
+def test_cert_manager_mode() -> None:
+    docs = render("-f", CHART / "ci" / "all-features-values.yaml")
+    assert "Secret" not in {d["kind"] for d in docs if d["metadata"]["name"].endswith("-tls")}
+    certificate = one(docs, "Certificate")
+    issuer = one(docs, "Issuer")
+    assert certificate["spec"]["issuerRef"]["name"] == issuer["metadata"]["name"]
+    assert issuer["spec"] == {"selfSigned": {}}
+    service = one(docs, "Service")["metadata"]["name"]
+    assert f"{service}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    tls = next(v for v in volumes if v["name"] == "tls")
+    assert tls["secret"]["secretName"] == certificate["spec"]["secretName"]
+    inject_from = f"{NAMESPACE}/{certificate['metadata']['name']}"
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        config = one(docs, kind)
+        assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": inject_from}
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    external = render("-f", CHART / "ci" / "existing-secret-values.yaml")
+    assert "Issuer" not in kinds(external)
+    assert one(external, "Certificate")["spec"]["issuerRef"] == {
+        "name": "cluster-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+
+
+def test_no_webhooks() -> None:
+    docs = render("-f", CHART / "ci" / "no-webhooks-values.yaml")
+    assert not {
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+        "Secret",
+        "Certificate",
+        "CustomResourceDefinition",
+    } & kinds(docs)
+    container = operator_container(docs)
+    assert not {"SCHEDLOCK_WEBHOOK_CERT_FILE", "SCHEDLOCK_WEBHOOK_KEY_FILE"} & set(
+        env_of(container)
+    )
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
+    assert [p["name"] for p in one(docs, "Service")["spec"]["ports"]] == ["http"]
+    # Injection alone still needs the HTTPS server and its certificate.
+    only_injection = render("--set", "webhook.enabled=false")
+    assert "MutatingWebhookConfiguration" in kinds(only_injection)
+    assert "ValidatingWebhookConfiguration" not in kinds(only_injection)
+    assert "SCHEDLOCK_WEBHOOK_CERT_FILE" in env_of(operator_container(only_injection))
+
+
+# --------------------------------------------------------------------------- optional objects
+
+
+def test_pdb_never_blocks_a_drain_and_network_policy() -> None:
+    assert not {"PodDisruptionBudget", "NetworkPolicy"} & kinds(render())
+    docs = render("-f", CHART / "ci" / "all-features-values.yaml")
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    selector = one(docs, "Deployment")["spec"]["selector"]
+    assert pdb["spec"]["selector"] == selector
+    policy = one(docs, "NetworkPolicy")["spec"]
+    assert policy["podSelector"] == selector
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    webhook_rule, health_rule = policy["ingress"]
+    assert webhook_rule == {"ports": [{"port": 9443, "protocol": "TCP"}]}  # from anywhere
+    assert health_rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert health_rule["from"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+    }
+    egress_ports = [sorted(p["port"] for p in rule["ports"]) for rule in policy["egress"]]
+    assert egress_ports == [[53, 53], [443, 6443], [6432]]
+    assert policy["egress"][2]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+
+
+def test_monitoring_objects_are_absent_by_default() -> None:
+    docs = render()
+    assert not MONITORING_KINDS & kinds(docs)
+    assert "ConfigMap" not in kinds(docs)
+
+
+def test_monitoring_objects_render_when_the_api_is_served() -> None:
+    docs = render("--api-versions", "monitoring.coreos.com/v1")
+    assert {"PodMonitor", "PrometheusRule"} <= kinds(docs)
+    assert "ServiceMonitor" not in kinds(docs)  # the operator serves no /metrics yet
+
+
+def test_monitoring_objects_when_forced() -> None:
+    docs = render("-f", CHART / "ci" / "all-features-values.yaml")
+    assert kinds(docs) >= MONITORING_KINDS
+    pod_monitor = one(docs, "PodMonitor")["spec"]
+    assert pod_monitor["selector"] == {"matchLabels": {"schedlock.dev/injected": "true"}}
+    assert pod_monitor["namespaceSelector"] == {"any": True}
+    (endpoint,) = pod_monitor["podMetricsEndpoints"]
+    assert endpoint["port"] == "schedlock-http"
+    assert len(endpoint["port"]) <= 15  # an IANA service name, or the API refuses the pod
+    assert endpoint["honorLabels"] is True
+    assert endpoint["path"] == "/metrics"
+    service_monitor = one(docs, "ServiceMonitor")
+    assert service_monitor["spec"]["endpoints"][0]["port"] == "http"
+    assert (
+        service_monitor["spec"]["selector"]["matchLabels"].items()
+        <= one(docs, "Service")["metadata"]["labels"].items()
+    )
+    for kind in MONITORING_KINDS:
+        assert one(docs, kind)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rules = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    assert one(docs, "PrometheusRule")["spec"] == rules
+    # Prometheus' own templates reach it untouched (Helm does not expand them).
+    assert "{{ $labels." in json.dumps(one(docs, "PrometheusRule")["spec"])
+
+
+def test_grafana_config_maps() -> None:
+    docs = render("-f", CHART / "ci" / "all-features-values.yaml")
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    dashboard = maps["schedlock-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["namespace"] == NAMESPACE
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "schedlock"}
+    expected = json.loads((CHART / "files" / "grafana-dashboard.json").read_text())
+    assert json.loads(dashboard["data"]["schedlock.json"]) == expected
+    alerts = maps["schedlock-grafana-alerts"]
+    assert alerts["metadata"]["labels"]["grafana_alert"] == "1"
+    assert alerts["metadata"]["namespace"] == "monitoring"
+    assert alerts["data"]["schedlock-alerts.yaml"] == (
+        CHART / "files" / "grafana-alerts.yaml"
+    ).read_text(encoding="utf-8")
+    relabelled = render(
+        "--set",
+        "monitoring.grafana.dashboard.enabled=true",
+        "--set",
+        "monitoring.grafana.dashboard.labelKey=dashboards",
+        "--set",
+        "monitoring.grafana.dashboard.labelValue=schedlock",
+    )
+    labels = one(relabelled, "ConfigMap")["metadata"]["labels"]
+    assert labels["dashboards"] == "schedlock" and "grafana_dashboard" not in labels
+
+
+def test_a_missing_monitoring_file_fails_with_a_hint(tmp_path: Path) -> None:
+    chart = tmp_path / "schedlock"
+    shutil.copytree(CHART, chart)
+    (chart / "files" / "prometheus-rules.yaml").unlink()
+    result = helm("template", RELEASE, chart, "--set", "monitoring.forceRender=true")
+    assert result.returncode != 0
+    assert "files/prometheus-rules.yaml is missing from the chart" in result.stderr
+
+
+# --------------------------------------------------------------------------- checkov
+
+
+def checkov_bin() -> Path:
+    """checkov from the project venv, $CHECKOV, or PATH; missing fails (it never skips)."""
+    candidates = [Path(sys.executable).parent / "checkov"]
+    if os.environ.get("CHECKOV"):
+        candidates.insert(0, Path(os.environ["CHECKOV"]))
+    found = shutil.which("checkov")
+    if found:
+        candidates.append(Path(found))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail(
+        "checkov is not installed: `make venv` installs it with the dev extras "
+        "(or point $CHECKOV at a checkov binary)",
+        pytrace=False,
+    )
+
+
+def test_checkov_passes_on_the_rendered_chart(tmp_path: Path) -> None:
+    for values in VALUES:
+        name = "defaults" if values is None else values.stem
+        result = helm("template", RELEASE, CHART, "-n", NAMESPACE, *values_args(values))
+        assert result.returncode == 0, result.stderr
+        (tmp_path / f"{name}.yaml").write_text(result.stdout)
+    run = subprocess.run(
+        [
+            str(checkov_bin()),
+            "--config-file",
+            str(CHECKOV_CONFIG),
+            "-d",
+            str(tmp_path),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    report = json.loads(run.stdout)
+    reports = report if isinstance(report, list) else [report]
+    failed = [
+        f"{check['check_id']} {check['check_name']} — {check['resource']}"
+        for r in reports
+        for check in r.get("results", {}).get("failed_checks", [])
+    ]
+    assert failed == [], "\n".join(failed)
+    assert run.returncode == 0, run.stderr
+    summary = reports[0]["summary"]
+    assert summary["passed"] > 100 and summary["parsing_errors"] == 0
+    assert summary["resource_count"] >= 30  # it did read the rendered objects
+
+
+def test_checkov_skip_list_is_documented() -> None:
+    config = yaml.safe_load(CHECKOV_CONFIG.read_text())
+    skipped = config["skip-check"]
+    text = CHECKOV_CONFIG.read_text()
+    for check in skipped:
+        block = text.split(f"- {check}")[0].rsplit("- CKV", 1)[-1]
+        assert block.count("#") >= 2, f"{check} is skipped without a reason"
+    assert config["framework"] == ["kubernetes"]
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in joined.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        word, _, rest = stripped.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _stages() -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for instruction in _instructions():
+        if instruction[0] == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(instruction)
+    return stages
+
+
+def test_hadolint_passes() -> None:
+    hadolint = Path(sys.executable).parent / "hadolint"
+    result = subprocess.run(
+        [str(hadolint), str(DOCKERFILE)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_final_stage() -> None:
+    build, final = _stages()
+    assert build[0][1].endswith(" AS build")
+    final_text = "\n".join(f"{i} {a}" for i, a in final)
+    assert ("USER", "65532:65532") in final
+    assert ("ENTRYPOINT", '["schedlock"]') in final
+    assert "COPY --from=build /opt/schedlock /opt/schedlock" in final_text
+    for forbidden in ("apt-get", "gcc", "build-essential", "pip install", "COPY . "):
+        assert forbidden not in final_text
+    for label in ("title", "description", "version", "revision", "licenses", "source"):
+        assert f"org.opencontainers.image.{label}=" in final_text
+    (version,) = [a for i, a in final if i == "ARG" and a.startswith("VERSION=")]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert version == f"VERSION={__version__}" == f"VERSION={chart['appVersion']}"
+
+
+def test_dockerignore_lets_exactly_the_copied_sources_through() -> None:
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    copied = set()
+    for instruction, args in _stages()[0]:
+        if instruction == "COPY":
+            *sources, _ = args.split()
+            copied |= {s.rstrip("/") for s in sources}
+    assert copied == allowed
+    assert all((REPO / source).exists() for source in copied)
+
+
+@pytest.mark.timeout(900)
+def test_dockerfile_build_commands_work_outside_a_container(tmp_path: Path) -> None:
+    """The build stage's COPY and RUN, replayed in a scratch tree with this Python.
+
+    Slow-ish (a fresh venv with every dependency, about a minute with a warm pip cache).
+    """
+    build, _ = _stages()
+    src, root = tmp_path / "src", tmp_path / "root"
+    src.mkdir()
+    workdir = src
+    commands = []
+    for instruction, args in build:
+        if instruction == "WORKDIR":
+            assert args == "/src"
+        elif instruction == "COPY":
+            *sources, destination = args.split()
+            into_dir = len(sources) > 1 or destination.endswith("/")
+            for source in sources:
+                target = (
+                    workdir / destination / Path(source).name if into_dir else workdir / destination
+                )
+                if (REPO / source).is_dir():
+                    shutil.copytree(
+                        REPO / source, target, ignore=shutil.ignore_patterns("__pycache__")
+                    )
+                else:
+                    shutil.copy2(REPO / source, target)
+        elif instruction == "RUN":
+            commands.append(args)
+    assert commands
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SCHEDLOCK_", "PIP_"))},
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    for command in commands:
+        # Absolute image paths move under the scratch root.
+        local = command.replace("/opt/schedlock", f"{root}/opt/schedlock").replace(
+            "/wheels", f"{root}/wheels"
+        )
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", local],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=840,
+        )
+        assert result.returncode == 0, f"{local}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    venv = root / "opt" / "schedlock"
+    assert not (venv / "bin" / "pip").exists(), "the runtime venv must not carry pip"
+    assert len(list((root / "wheels").glob("schedlock-*.whl"))) == 1
+    runtime_env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def schedlock(*args: str) -> str:
+        done = subprocess.run(
+            [str(venv / "bin" / "schedlock"), *args],
+            env=runtime_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout
+
+    assert schedlock("--version").strip() == f"schedlock {__version__}"
+    assert "SCHEDLOCK_DATABASE_URL" in schedlock("sidecar", "--help")
+    assert "SCHEDLOCK_WEBHOOK_CERT_FILE" in schedlock("operator", "--help")
