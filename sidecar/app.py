@@ -2,9 +2,10 @@
 
 Tasks are supervised in one TaskGroup; SIGTERM/SIGINT start a staged shutdown (stop claiming,
 finish or abandon in-flight deliveries within the grace, unlock, exit 0).  A database that is
-down at start is retried with backoff while /readyz says why — no crash loop.  Errors no retry
-can fix (a transaction-mode pooler, a lock key collision, a schema newer than this binary)
-end the process with one line on stderr and exit status 1.
+down at start — or unreachable, refusing the credentials, lacking privileges, or migrated by a
+newer schedlock — is retried with backoff while /readyz says why: no crash loop, recovery
+without a restart.  Errors that make running unsafe (a transaction-mode pooler, a lock key
+collision) end the process with one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ class Sidecar:
     def readiness(self) -> tuple[bool, str]:
         if not self.schema_ok:
             return False, f"database not ready: {self.not_ready_reason}"
-        down = [str(e.key) for e in self.electors if not e.connected]
+        down = [e for e in self.electors if not e.connected]
         if down:
-            return False, "lock sessions not connected: " + ", ".join(down)
+            why = "; ".join(f"{e.key}: {e.last_error or 'connecting'}" for e in down)
+            return False, f"lock sessions not connected: {why}"
         return True, "ok"
 
     async def run(self) -> int:
@@ -82,7 +84,7 @@ class Sidecar:
             if not await self._bootstrap():
                 return 0
             return await self._run_electors()
-        except (*FATAL, SchemaTooNew) as exc:
+        except FATAL as exc:
             log.error("cannot run safely, exiting", extra={"error": str(exc)})
             print(f"schedlock sidecar: error: {exc}", file=sys.stderr)
             return EXIT_FATAL
@@ -117,6 +119,11 @@ class Sidecar:
                 return True
             except FATAL:
                 raise
+            except SchemaTooNew as exc:
+                # Refuse to run (never downgrade), but stay up and say why: a rolled-back
+                # database or an upgraded image fixes it without a crash loop.
+                self.not_ready_reason = str(exc)
+                log.error("database schema is newer than this binary", extra={"error": str(exc)})
             except (StoreUnavailable, SchemaNotCurrent) as exc:
                 self.not_ready_reason = str(exc)
                 self.metrics.database_up.set(0)

@@ -113,6 +113,7 @@ class KeyElector:
         self.work = work
         self.rng = rng or random.Random()
         self.role = Role.DISCONNECTED
+        self.last_error: str | None = None  # why the last session ended (for /readyz)
         self.labels = (key.scheduler, key.namespace, key.target)
         metrics.init_key(*self.labels)
 
@@ -127,6 +128,7 @@ class KeyElector:
             try:
                 await session.connect()
                 self._set_role(Role.FOLLOWING)
+                self.last_error = None
                 backoff = 0.2
                 if not await _until(session.acquire(), stopping):
                     break
@@ -134,6 +136,7 @@ class KeyElector:
             except FATAL:
                 raise
             except (StoreUnavailable, LeadershipLost, StoreError) as exc:
+                self.last_error = str(exc)
                 level = logging.WARNING if self.role is Role.LEADING else logging.INFO
                 log.log(
                     level,
