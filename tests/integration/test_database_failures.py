@@ -7,8 +7,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from schedlock.store import open_store
+
 from tests.support.pg_fixtures import PostgresService, as_role
 from tests.support.sidecars import SidecarProcess, http_get, wait_for
 
@@ -35,7 +35,7 @@ def not_ready_because(sidecar: SidecarProcess, words: str) -> bool:
 def test_credentials_and_privileges_are_reported_and_recover(
     tmp_path: Path, postgres: PostgresService, migrated_database: str, problem: str
 ) -> None:
-    role = f"late_{problem.split()[0]}_{abs(hash(tmp_path)) % 10**6}"
+    role = f"late_{problem.split(maxsplit=1)[0]}_{abs(hash(tmp_path)) % 10**6}"
     if problem == "missing privileges":
         postgres.execute(f'CREATE ROLE "{role}" LOGIN')
     sidecar = sidecar_for(tmp_path, as_role(migrated_database, role), role)
