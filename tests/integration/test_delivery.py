@@ -192,3 +192,35 @@ def test_past_the_starting_deadline_is_missed_not_fired(
     assert [s[0] for s in states(migrated_database, "intime").values()] == ["published"]
     assert app.receiver is not None
     assert {str(e["uid"]).split("-")[0] for e in app.receiver.entries()} == {"intime"}
+
+
+WEIRD = (
+    'it\'s "quoted" — ünïcødé 🚀; DROP TABLE schedlock_publishes;-- \\n {"json": [1]} %s %(x)s $1'
+)
+
+
+def test_metacharacters_round_trip_intact(app: SidecarGroup, migrated_database: str) -> None:
+    import asyncio
+    from datetime import UTC, datetime, timedelta
+
+    from schedlock.store import PublishSpec, open_store
+
+    payload = {WEIRD: WEIRD, "nested": {"list": [WEIRD, None, 1.5, True]}, "empty": ""}
+    spec = PublishSpec(
+        namespace="default",
+        name=WEIRD,
+        uid="weird-" + "ü" * 3,
+        target="demo",
+        due_at=datetime.now(UTC) + timedelta(seconds=0.2),
+        payload=payload,
+    )
+    asyncio.run(open_store(migrated_database).upsert_publish(spec))
+    assert app.receiver is not None
+    [entry] = wait_for(
+        lambda: [e for e in app.receiver.entries() if e["uid"] == spec.uid],  # type: ignore[union-attr]
+        timeout=15,
+        what="the weird row",
+    )
+    assert entry["payload"] == payload
+    assert entry["name"] == WEIRD
+    assert entry["key"].startswith(spec.uid + "/")

@@ -51,6 +51,7 @@ class Receiver:
             "namespace": body.get("namespace"),
             "target": body.get("target"),
             "scheduledAt": body.get("scheduledAt"),
+            "name": body.get("name"),
             "payload": body.get("payload"),
             "signature": request.headers.get("X-Schedlock-Signature"),
             "arrival": arrival,
