@@ -54,8 +54,9 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@"$$(bash hack/tools.sh bindir helm)/helm" lint --strict charts/schedlock
 	@echo "==> helm lint of every charts/schedlock/ci/*.yaml"
 	@for f in charts/schedlock/ci/*.yaml; do "$$(bash hack/tools.sh bindir helm)/helm" lint --strict charts/schedlock -f "$$f" >/dev/null || { echo "helm lint failed with $$f"; exit 1; }; done
-	@echo "==> generated manifests are current (CRD, RBAC rules)"
+	@echo "==> generated manifests and monitoring are current (CRD, RBAC rules, alerts, dashboard)"
 	@$(PY) hack/gen-manifests.py --check >/dev/null
+	@$(PY) -m monitoring.generate --check >/dev/null
 	@echo "==> checkov on the rendered chart (skip-list: charts/schedlock/.checkov.yaml)"
 	@bash hack/tools.sh ensure checkov
 	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \

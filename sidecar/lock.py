@@ -129,6 +129,7 @@ class KeyElector:
                 await session.connect()
                 self._set_role(Role.FOLLOWING)
                 self.last_error = None
+                self.metrics.database_up.set(1)
                 backoff = 0.2
                 if not await _until(session.acquire(), stopping):
                     break
@@ -137,6 +138,8 @@ class KeyElector:
                 raise
             except (StoreUnavailable, LeadershipLost, StoreError) as exc:
                 self.last_error = str(exc)
+                if isinstance(exc, StoreUnavailable):
+                    self.metrics.database_up.set(0)
                 level = logging.WARNING if self.role is Role.LEADING else logging.INFO
                 log.log(
                     level,

@@ -11,6 +11,7 @@ container.  Installing into a real API server is tests/e2e/test_helm_install.py.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -31,7 +32,7 @@ from schedlock.operator.rbac import operator_rules
 from schedlock.operator.settings import OperatorSettings
 from schedlock.settings import specs
 
-from tests.support.tools import tool
+from tests.support.tools import ToolMissing, tool
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "schedlock"
@@ -718,8 +719,10 @@ def test_a_missing_monitoring_file_fails_with_a_hint(tmp_path: Path) -> None:
 
 
 def checkov_bin() -> Path:
-    """checkov from the project venv, $CHECKOV, or PATH; missing fails (it never skips)."""
+    """checkov from $CHECKOV, the tool cache (hack/tools.sh), the venv or PATH; never skips."""
     candidates = [Path(sys.executable).parent / "checkov"]
+    with contextlib.suppress(ToolMissing):
+        candidates.insert(0, tool("checkov"))
     if os.environ.get("CHECKOV"):
         candidates.insert(0, Path(os.environ["CHECKOV"]))
     found = shutil.which("checkov")
@@ -729,8 +732,8 @@ def checkov_bin() -> Path:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
     pytest.fail(
-        "checkov is not installed: `make venv` installs it with the dev extras "
-        "(or point $CHECKOV at a checkov binary)",
+        "checkov is not installed: `bash hack/tools.sh ensure checkov` (run by make lint/test) "
+        "installs it (or point $CHECKOV at a checkov binary)",
         pytrace=False,
     )
 

@@ -1,0 +1,393 @@
+"""A real Prometheus scraping three real sidecars, with schedlock's real alert rules.
+
+The rules are those of charts/schedlock/files/prometheus-rules.yaml with every ``for:``
+shortened to FOR (same expressions, see ``monitoring.alerts.prometheus_rules``); Prometheus
+scrapes every second and evaluates every second. Targets carry ``pod`` and ``namespace``
+labels and ``honor_labels: true``, as the chart's PodMonitor does in Kubernetes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from monitoring import dashboard, generate
+from tests.support.pg import free_port
+from tests.support.procs import die_with_parent
+from tests.support.rows import insert_rows, row_states
+from tests.support.sidecars import SidecarGroup, http_get, wait_for
+
+FOR = "5s"
+FOR_SECONDS = 5.0
+SCRAPE = "1s"
+# Worst case from the event to "firing": a scrape interval and its timeout (the dead sidecar
+# is marked stale), an evaluation to go pending, FOR, an evaluation to fire, our polling.
+FIRING_WITHIN = FOR_SECONDS + 1 + 0.8 + 1 + 1 + 2.2
+LEASE = 4.0
+FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": "1"}
+KEYS = {("publish", "default", "demo"), ("recurring", "default", "demo")}
+
+
+@dataclass
+class Prometheus:
+    binary: Path
+    workdir: Path
+    targets: dict[str, int]  # pod name -> metrics port
+    rules: str
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Prometheus:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "rules.yaml").write_text(self.rules)
+        config = {
+            "global": {
+                "scrape_interval": SCRAPE,
+                "scrape_timeout": "800ms",
+                "evaluation_interval": SCRAPE,
+            },
+            "rule_files": ["rules.yaml"],
+            "scrape_configs": [
+                {
+                    "job_name": "schedlock",
+                    "honor_labels": True,
+                    "static_configs": [
+                        {
+                            "targets": [f"127.0.0.1:{port}"],
+                            "labels": {"pod": pod, "namespace": "default"},
+                        }
+                        for pod, port in self.targets.items()
+                    ],
+                }
+            ],
+        }
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        log = (self.workdir / "prometheus.log").open("ab")
+        self.process = subprocess.Popen(
+            [
+                str(self.binary),
+                f"--config.file={self.workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            cwd=self.workdir,
+            stdout=log,
+            stderr=log,
+            preexec_fn=die_with_parent(),
+        )
+        log.close()
+        wait_for(
+            lambda: self._alive_or_fail() and http_get(f"{self.url}/-/ready")[0] == 200,
+            timeout=30,
+            interval=0.1,
+            what="Prometheus to be ready",
+        )
+        return self
+
+    def _alive_or_fail(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            pytest.fail(f"prometheus exited: {(self.workdir / 'prometheus.log').read_text()}")
+        return True
+
+    def api(self, path: str, **params: str) -> Any:
+        status, body = http_get(f"{self.url}{path}?{urllib.parse.urlencode(params)}", timeout=5)
+        assert status == 200, (path, params, body)
+        payload = json.loads(body)
+        assert payload["status"] == "success", payload
+        return payload["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.api("/api/v1/query", query=expr)
+        assert data["resultType"] == "vector", (expr, data)
+        return list(data["result"])
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self.api("/api/v1/alerts")["alerts"])
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+@pytest.fixture
+def group(tmp_path: Path, migrated_database: str) -> Iterator[SidecarGroup]:
+    replicas = SidecarGroup(tmp_path / "app", migrated_database, replicas=3, extra_env=FAST)
+    try:
+        replicas.start()
+        yield replicas
+    finally:
+        replicas.stop()
+
+
+def start_prometheus(binary: Path, workdir: Path, group: SidecarGroup) -> Prometheus:
+    """Prometheus on the group's sidecars with the fast rules, once every sidecar is scraped,
+    each key has one leader and no alert is pending: the state every scenario starts in."""
+    server = Prometheus(
+        binary,
+        workdir,
+        {sidecar.name: sidecar.http_port for sidecar in group},
+        generate.prometheus_rules_yaml(for_override=FOR, interval=SCRAPE),
+    )
+    try:
+        server.start()
+        wait_for(
+            lambda: (
+                _per_key(server, "count by (scheduler, namespace, target) (schedlock_leader)")
+                == dict.fromkeys(KEYS, 3.0)
+                and _per_key(server, "sum by (scheduler, namespace, target) (schedlock_leader)")
+                == dict.fromkeys(KEYS, 1.0)
+                and not server.alerts()
+            ),
+            timeout=30,
+            interval=0.2,
+            what="Prometheus to scrape three sidecars, one leader per key, no alert pending",
+        )
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, prometheus_bin: Path, group: SidecarGroup) -> Iterator[Prometheus]:
+    server = start_prometheus(prometheus_bin, tmp_path / "prometheus", group)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _per_key(server: Prometheus, expr: str) -> dict[tuple[str, str, str], float]:
+    return {
+        (r["metric"]["scheduler"], r["metric"]["namespace"], r["metric"]["target"]): float(
+            r["value"][1]
+        )
+        for r in server.query(expr)
+    }
+
+
+def _watch_alerts(
+    server: Prometheus,
+    seconds: float,
+    until: Callable[[list[dict[str, Any]]], bool] | None = None,
+    since: float | None = None,
+) -> list[tuple[float, str, str, str]]:
+    """Poll /api/v1/alerts for up to ``seconds`` (or until ``until`` holds).
+
+    Returns the transitions seen: (seconds since ``since``, alertname, scheduler, state), state
+    being pending, firing or resolved.
+    """
+    seen: list[tuple[float, str, str, str]] = []
+    states: dict[tuple[tuple[str, str], ...], str] = {}
+    start = time.monotonic()
+    origin = start if since is None else since
+    while True:
+        current = server.alerts()
+        now = time.monotonic() - origin
+        active = {tuple(sorted(a["labels"].items())): a["state"] for a in current}
+        for key in states.keys() - active.keys():
+            del states[key]
+            labels = dict(key)
+            seen.append((now, labels["alertname"], labels.get("scheduler", ""), "resolved"))
+        for key, state in active.items():
+            if states.get(key) != state:
+                states[key] = state
+                labels = dict(key)
+                seen.append((now, labels["alertname"], labels.get("scheduler", ""), state))
+        if (until is not None and until(current)) or time.monotonic() - start > seconds:
+            return seen
+        time.sleep(0.1)
+
+
+def _timeline(seen: list[tuple[float, str, str, str]]) -> str:
+    return ", ".join(f"{t:.2f}s {name}[{scheduler}] {state}" for t, name, scheduler, state in seen)
+
+
+def test_a_killed_leader_never_fires_leader_missing(
+    prometheus: Prometheus, group: SidecarGroup
+) -> None:
+    leader = group.wait_leader("publish")
+    killed_at = time.monotonic()
+    leader.signal(signal.SIGKILL)
+    successor = group.wait_leader("publish", timeout=10)
+    takeover = time.monotonic() - killed_at
+    assert successor is not leader
+    seen = _watch_alerts(prometheus, 20, since=killed_at)
+    print(f"\nSIGKILL of the leader: takeover after {takeover:.3f}s; alerts: {_timeline(seen)}")
+    assert takeover < 1.5, f"takeover took {takeover:.2f}s"
+    firing = [s for s in seen if s[3] == "firing"]
+    assert not firing, f"alerts fired on a normal hand-over: {seen}"
+    # The hand-over was recorded (and scraped): the gap histogram of the new leader grew.
+    gaps = prometheus.query('sum(schedlock_handover_gap_seconds_count{scheduler="publish"})')
+    assert gaps and float(gaps[0]["value"][1]) >= 1
+    counts = _per_key(prometheus, "count by (scheduler, namespace, target) (schedlock_leader)")
+    assert counts == dict.fromkeys(KEYS, 2.0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_all_sidecars_gone_fires_leader_absent(
+    prometheus: Prometheus, group: SidecarGroup, sig: signal.Signals
+) -> None:
+    stopped_at = time.monotonic()
+    for sidecar in group:
+        sidecar.signal(sig)
+
+    def absent_firing_for_every_key(alerts: list[dict[str, Any]]) -> bool:
+        firing = {
+            (a["labels"]["scheduler"], a["labels"]["namespace"], a["labels"]["target"])
+            for a in alerts
+            if a["labels"]["alertname"] == "SchedlockLeaderAbsent" and a["state"] == "firing"
+        }
+        return firing == KEYS
+
+    seen = _watch_alerts(
+        prometheus, FOR_SECONDS + 15, until=absent_firing_for_every_key, since=stopped_at
+    )
+    elapsed = time.monotonic() - stopped_at
+    print(f"\n{sig.name} of every sidecar: {_timeline(seen)}")
+    assert absent_firing_for_every_key(prometheus.alerts()), seen
+    assert FOR_SECONDS <= elapsed < FIRING_WITHIN, f"fired after {elapsed:.2f}s"
+    firing = next(
+        a
+        for a in prometheus.alerts()
+        if a["labels"]["alertname"] == "SchedlockLeaderAbsent" and a["state"] == "firing"
+    )
+    assert firing["labels"]["severity"] == "critical"
+    assert firing["annotations"]["runbook_url"].endswith("#schedlockleaderabsent")
+    assert "default/demo" in firing["annotations"]["summary"]
+
+
+def test_a_frozen_leader_fires_leader_missing_until_the_lease_hands_over(
+    tmp_path: Path, migrated_database: str, prometheus_bin: Path
+) -> None:
+    """A leader frozen for longer than FOR (lease 12s): the other sidecars report no leader."""
+    lease = 12.0
+    env = {"SCHEDLOCK_LEASE_SECONDS": str(lease), "SCHEDLOCK_HEARTBEAT_SECONDS": "1"}
+    replicas = SidecarGroup(tmp_path / "app", migrated_database, replicas=3, extra_env=env)
+    server: Prometheus | None = None
+    try:
+        replicas.start()
+        server = start_prometheus(prometheus_bin, tmp_path / "prometheus", replicas)
+        leader = replicas.wait_leader("publish")
+        frozen_at = time.monotonic()
+        leader.signal(signal.SIGSTOP)
+
+        def missing(state: str) -> Callable[[list[dict[str, Any]]], bool]:
+            return lambda alerts: any(
+                a["labels"]["alertname"] == "SchedlockLeaderMissing"
+                and a["labels"]["scheduler"] == "publish"
+                and a["state"] == state
+                for a in alerts
+            )
+
+        seen = _watch_alerts(server, lease + 5, until=missing("firing"), since=frozen_at)
+        fired = time.monotonic() - frozen_at
+        assert missing("firing")(server.alerts()), seen
+
+        def resolved(alerts: list[dict[str, Any]]) -> bool:
+            return not any(
+                a["labels"]["alertname"] == "SchedlockLeaderMissing"
+                and a["labels"]["scheduler"] == "publish"
+                for a in alerts
+            )
+
+        more = _watch_alerts(server, lease + 10, until=resolved, since=frozen_at)
+        seen += [s for s in more if s[3] != "firing"]  # firing was recorded above
+        cleared = time.monotonic() - frozen_at
+        print(f"\nSIGSTOP of the leader (lease {lease:g}s): {_timeline(seen)}")
+        assert resolved(server.alerts()), seen
+        assert FOR_SECONDS <= fired < FIRING_WITHIN, f"fired after {fired:.2f}s"
+        assert cleared < lease + 5
+        names = {name for _, name, _, state in seen if state == "firing"}
+        assert names <= {"SchedlockLeaderMissing"}, seen
+    finally:
+        if server is not None:
+            server.stop()
+        replicas.stop()
+
+
+def _substitute(expr: str, values: dict[str, str]) -> str:
+    def repl(match: re.Match[str]) -> str:
+        return values[match.group(1)]
+
+    return re.sub(r"\$\{?(\w+)\}?", repl, expr)
+
+
+def test_every_dashboard_query_returns_data(
+    prometheus: Prometheus, group: SidecarGroup, migrated_database: str
+) -> None:
+    # One hand-over (so the gap histogram has an observation), then rows fired by the new
+    # leader (lateness and outcomes): a killed sidecar's series are gone with it.
+    leader = group.wait_leader("publish")
+    leader.signal(signal.SIGKILL)
+    group.wait_leader("publish", timeout=10)
+    uids = insert_rows(migrated_database, 50, start_in=0.5, spacing=0.05, prefix="dash")
+    wait_for(
+        lambda: row_states(migrated_database, "dash").get("published") == len(uids),
+        timeout=30,
+        what="every row published",
+    )
+    wait_for(
+        lambda: (
+            prometheus.query('sum(schedlock_handover_gap_seconds_count{scheduler="publish"}) > 0')
+            and prometheus.query(
+                'sum(schedlock_fire_lateness_seconds_count{scheduler="publish"}) > 0'
+            )
+        ),
+        timeout=20,
+        interval=0.2,
+        what="the hand-over and the fires to be scraped",
+    )
+    time.sleep(2)  # a couple more scrapes, so rates see the new leader's counters move
+
+    # The variable queries (label_values) find the running key.
+    namespaces = prometheus.api("/api/v1/label/namespace/values", **{"match[]": "schedlock_leader"})
+    assert "default" in namespaces
+    targets = prometheus.api(
+        "/api/v1/label/target/values", **{"match[]": 'schedlock_leader{namespace=~".*"}'}
+    )
+    assert "demo" in targets
+
+    board = json.loads(generate.GRAFANA_DASHBOARD.read_text())  # what the chart ships
+    names = {v["name"] for v in board["templating"]["list"]}
+    assert {"datasource", "namespace", "target", "scheduler"} <= names
+    queries = dashboard.queries(board)
+    assert len(queries) >= 15
+    selections = {
+        "All": {"namespace": ".*", "target": ".*", "scheduler": ".*"},
+        "demo": {"namespace": "default", "target": "demo", "scheduler": "publish"},
+    }
+    empty: list[str] = []
+    for selection, chosen in selections.items():
+        values = {**chosen, "__rate_interval": "1m", "__range": "1h", "datasource": "prometheus"}
+        for title, expr in queries:
+            promql = _substitute(expr, values)
+            result = prometheus.query(promql)
+            finite = [r for r in result if math.isfinite(float(r["value"][1]))]
+            if not finite:
+                empty.append(f"[{selection}] {title}: {promql} -> {result}")
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
