@@ -31,6 +31,16 @@ venv: $(STAMP) ## create .venv with schedlock (editable) and the dev tools
 demo: venv ## the main job: embedded PostgreSQL, an app, 3 sidecars, a kill and a hand-over, a summary
 	@$(PY) -m hack.demo
 
+.PHONY: bench
+bench: venv ## benchmark vs the seed's tick and Kubernetes Lease election (~11 min): bench/results/, docs/performance.md
+	@bash hack/tools.sh ensure kube-apiserver etcd kubectl
+	@$(PY) -m bench run
+
+.PHONY: bench-quick
+bench-quick: venv ## the same scenarios with fewer trials (< 3 min): bench/results/
+	@bash hack/tools.sh ensure kube-apiserver etcd kubectl
+	@$(PY) -m bench run --quick
+
 .PHONY: tools
 tools: ## build/install the pinned kube-apiserver, etcd, kubectl, helm, prometheus, pgbouncer (cached)
 	@echo "==> ensuring pinned test tools (first time builds kube-apiserver/etcd/kubectl/helm from Go modules)"
@@ -43,6 +53,7 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@$(VENV)/bin/ruff format --check .
 	@echo "==> mypy --strict"
 	@$(VENV)/bin/mypy -p schedlock
+	@$(VENV)/bin/mypy --strict --explicit-package-bases bench monitoring
 	@echo "==> import-linter"
 	@$(VENV)/bin/lint-imports --no-cache
 	@echo "==> yamllint"

@@ -1,0 +1,1 @@
+"""The designs schedlock is compared with, implemented faithfully as separate processes."""

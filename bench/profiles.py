@@ -1,0 +1,123 @@
+"""How big each run is: ``full`` (``make bench``), ``quick`` (``make bench-quick``) and ``smoke``.
+
+Full and quick use every product default (schedlock's 10 s lease, client-go's 15/10/2 s Lease
+timings, the seed's 10 s tick); they differ only in trials and sizes.  Smoke exists so the
+harness cannot rot (``tests/e2e/test_bench_smoke.py``): one short trial per scenario with
+shortened timings — its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SYSTEMS = ("schedlock", "seed_tick", "k8s_lease")
+
+
+@dataclass(frozen=True)
+class Timings:
+    """The settings each system runs with (recorded in the results)."""
+
+    schedlock_lease_s: float = 10.0  # SCHEDLOCK_LEASE_SECONDS default
+    schedlock_heartbeat_s: float = 3.0  # SCHEDLOCK_HEARTBEAT_SECONDS default
+    seed_tick_s: float = 10.0  # the seed's tick
+    seed_batch: int = 25  # rows fired per tick
+    k8s_lease_s: float = 15.0  # client-go LeaseDuration default
+    k8s_renew_deadline_s: float = 10.0  # client-go RenewDeadline default
+    k8s_retry_s: float = 2.0  # client-go RetryPeriod default
+    k8s_poll_s: float = 1.0  # how often the k8s_lease leader looks for due rows
+
+    def schedlock_env(self) -> dict[str, str]:
+        defaults = Timings()
+        env: dict[str, str] = {}
+        if self.schedlock_lease_s != defaults.schedlock_lease_s:
+            env["SCHEDLOCK_LEASE_SECONDS"] = f"{self.schedlock_lease_s:g}"
+        if self.schedlock_heartbeat_s != defaults.schedlock_heartbeat_s:
+            env["SCHEDLOCK_HEARTBEAT_SECONDS"] = f"{self.schedlock_heartbeat_s:g}"
+        return env
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    timings: Timings = field(default_factory=Timings)
+    replicas: int = 3  # replicas per system in failover, lateness and throughput
+    row_spacing_s: float = 0.01  # failover: rows due every 10 ms
+    sigkill_trials: dict[str, int] = field(default_factory=dict)
+    sigstop_trials: dict[str, int] = field(default_factory=dict)
+    sigterm_trials: int = 1
+    baseline_gap_cap_s: float = 40.0  # longest wait for a baseline's first delivery after a kill
+    seed_sigstop_cap_s: float = 30.0  # a frozen seed replica keeps its lock: bounded wait
+    lateness_rows: int = 5000
+    lateness_span_s: float = 60.0
+    lateness_drain_s: float = 15.0  # after the last due time, how long arrivals are awaited
+    throughput_rows: int = 20000
+    throughput_cap_s: float = 60.0
+    throughput_trials: int = 3  # schedlock; the baselines run once (they hit the cap)
+    idle_replicas: int = 5
+    idle_warmup_s: float = 5.0
+    idle_window_s: float = 30.0
+    operator_objects: int = 1000
+    operator_cap_s: float = 240.0
+    scale_sidecars: int = 50
+    scale_targets: int = 10
+
+
+FULL = Profile(
+    name="full",
+    sigkill_trials={"schedlock": 50, "seed_tick": 10, "k8s_lease": 8},
+    sigstop_trials={"schedlock": 12, "seed_tick": 4, "k8s_lease": 6},
+    sigterm_trials=30,
+)
+
+QUICK = Profile(
+    name="quick",
+    sigkill_trials={"schedlock": 8, "seed_tick": 2, "k8s_lease": 1},
+    sigstop_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1},
+    sigterm_trials=8,
+    seed_sigstop_cap_s=15.0,
+    lateness_rows=1000,
+    lateness_span_s=10.0,
+    lateness_drain_s=4.0,
+    throughput_rows=5000,
+    throughput_cap_s=10.0,
+    throughput_trials=1,
+    idle_warmup_s=3.0,
+    idle_window_s=10.0,
+    operator_objects=200,
+    operator_cap_s=120.0,
+    scale_sidecars=50,
+    scale_targets=10,
+)
+
+SMOKE = Profile(
+    name="smoke",
+    timings=Timings(
+        schedlock_lease_s=3.0,
+        schedlock_heartbeat_s=1.0,
+        seed_tick_s=2.0,
+        k8s_lease_s=4.0,
+        k8s_renew_deadline_s=3.0,
+        k8s_retry_s=1.0,
+    ),
+    replicas=2,
+    sigkill_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1},
+    sigstop_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1},
+    sigterm_trials=1,
+    baseline_gap_cap_s=12.0,
+    seed_sigstop_cap_s=3.0,
+    lateness_rows=60,
+    lateness_span_s=1.5,
+    lateness_drain_s=2.5,
+    throughput_rows=200,
+    throughput_cap_s=4.0,
+    throughput_trials=1,
+    idle_replicas=2,
+    idle_warmup_s=1.0,
+    idle_window_s=2.0,
+    operator_objects=5,
+    operator_cap_s=60.0,
+    scale_sidecars=4,
+    scale_targets=2,
+)
+
+PROFILES = {p.name: p for p in (FULL, QUICK, SMOKE)}

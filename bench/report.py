@@ -1,0 +1,328 @@
+"""Results: ``latest.json``, ``latest.md``, the PNG plots, and the table in docs/performance.md."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tests.support.sidecars import REPO
+
+KEYS = (
+    "failover_sigkill_ms",
+    "failover_sigstop_ms",
+    "handover_sigterm_ms",
+    "lateness_ms",
+    "throughput_fires_per_s",
+    "idle_queries_per_s_per_replica",
+    "operator",
+    "footprint",
+    "scale",
+)
+SYSTEMS = ("schedlock", "seed_tick", "k8s_lease")
+DOCS = REPO / "docs" / "performance.md"
+BEGIN = "<!-- bench:results:begin (written by `make bench`; do not edit by hand) -->"
+END = "<!-- bench:results:end -->"
+
+
+def document(info: dict[str, Any], when: datetime, results: dict[str, Any]) -> dict[str, Any]:
+    """The JSON document: exactly ``machine``, ``when`` and one key per scenario (null if not
+    run); distributions are ``{system: {p50, p99, max, n, …}}``."""
+    doc: dict[str, Any] = {"machine": info, "when": when.isoformat(timespec="seconds")}
+    for key in KEYS:
+        doc[key] = results.get(key)
+    return doc
+
+
+# -- formatting ----------------------------------------------------------------------------------
+
+
+def _num(value: Any, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    v = float(value)
+    if abs(v) >= 100:
+        text = f"{v:,.0f}"
+    elif abs(v) >= 10:
+        text = f"{v:.1f}".rstrip("0").rstrip(".")
+    else:
+        text = f"{v:.2f}".rstrip("0").rstrip(".")
+    return text + unit
+
+
+def _dist(entry: dict[str, Any] | None, unit: str = "") -> str:
+    if not entry or entry.get("n") in (None, 0):
+        return "–"
+    mark = "≥ " if entry.get("censored") else ""
+    return (
+        f"{mark}{_num(entry['p50'])} / {_num(entry['p99'])} / {_num(entry['max'])}{unit} "
+        f"(n={entry['n']}{', ' + str(entry['censored']) + ' capped' if entry.get('censored') else ''})"
+    )
+
+
+def _get(doc: dict[str, Any], *path: str) -> Any:
+    node: Any = doc
+    for part in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _check(ok: bool | None) -> str:
+    return "–" if ok is None else ("✅" if ok else "❌")
+
+
+def targets(doc: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, met?) for the issue's targets for schedlock."""
+    out: list[tuple[str, str, bool | None]] = []
+
+    def p99(key: str, system: str = "schedlock") -> float | None:
+        value = _get(doc, key, system, "p99")
+        return None if value is None else float(value)
+
+    kill, k8s = p99("failover_sigkill_ms"), p99("failover_sigkill_ms", "k8s_lease")
+    out.append(
+        (
+            "failover_sigkill p99 < 250 ms",
+            _num(kill, " ms"),
+            None if kill is None else kill < 250,
+        )
+    )
+    if kill is not None and k8s is not None:
+        ratio = k8s / kill if kill > 0 else math.inf
+        out.append(("… and ≥ 20× better than k8s_lease (p99)", f"{ratio:,.0f}×", ratio >= 20))
+    lease = _get(doc, "machine", "timings", "schedlock_lease_s")
+    stop = p99("failover_sigstop_ms")
+    if lease is not None:
+        out.append(
+            (
+                f"failover_sigstop p99 < lease + 1 s ({_num((float(lease) + 1) * 1000)} ms)",
+                _num(stop, " ms"),
+                None if stop is None else stop < (float(lease) + 1) * 1000,
+            )
+        )
+    term = p99("handover_sigterm_ms")
+    out.append(
+        ("handover_sigterm p99 < 100 ms", _num(term, " ms"), None if term is None else term < 100)
+    )
+    late = p99("lateness_ms")
+    out.append(("lateness p99 < 100 ms", _num(late, " ms"), None if late is None else late < 100))
+    rate = _get(doc, "throughput_fires_per_s", "schedlock", "p50")
+    out.append(
+        ("throughput ≥ 2,000 fires/s", _num(rate, "/s"), None if rate is None else rate >= 2000)
+    )
+    idle = _get(doc, "idle_queries_per_s_per_replica", "schedlock") or {}
+    followers, per_key = (
+        idle.get("followers_queries_per_s_max"),
+        idle.get("leader_queries_per_s_per_key"),
+    )
+    out.append(
+        (
+            "idle followers 0 queries/s",
+            _num(followers, " q/s"),
+            None if followers is None else followers == 0,
+        )
+    )
+    out.append(
+        (
+            "idle leader ≤ 1 query/s per key",
+            _num(per_key, " q/s"),
+            None if per_key is None else per_key <= 1,
+        )
+    )
+    row = _get(doc, "operator", "cr_to_row_ms", "p99")
+    out.append(
+        ("operator cr_to_row p99 < 1 s", _num(row, " ms"), None if row is None else row < 1000)
+    )
+    rss = _get(doc, "footprint", "schedlock", "rss_mb", "max")
+    out.append(("sidecar RSS < 80 MB", _num(rss, " MB"), None if rss is None else rss < 80))
+    return out
+
+
+def _idle_cell(entry: dict[str, Any] | None, system: str) -> str:
+    if not entry:
+        return "–"
+    if system == "seed_tick":
+        return f"{_num(entry['p50'])} each (max {_num(entry['max'])})"
+    text = (
+        f"leader {_num(entry.get('leader_queries_per_s_per_key'))}/key, "
+        f"followers {_num(entry.get('followers_queries_per_s_max'))}"
+    )
+    if system == "k8s_lease":
+        text += (
+            f"; API req/s leader {_num(entry.get('api_requests_per_s_leader'))}, "
+            f"followers {_num(entry.get('api_requests_per_s_followers_max'))}"
+        )
+    return text
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The Markdown table (also what the run prints)."""
+    rows: list[list[str]] = [["scenario (p50 / p99 / max)", *SYSTEMS]]
+
+    def per_system(label: str, key: str, unit: str = "", *path: str) -> None:
+        rows.append([label, *(_dist(_get(doc, key, s, *path), unit) for s in SYSTEMS)])
+
+    per_system("failover SIGKILL, ms", "failover_sigkill_ms")
+    per_system("failover SIGSTOP, ms", "failover_sigstop_ms")
+    per_system("hand-over SIGTERM, ms", "handover_sigterm_ms")
+    per_system("lateness, ms", "lateness_ms")
+    per_system("throughput, fires/s", "throughput_fires_per_s")
+    rows.append(
+        [
+            "idle queries/s per replica",
+            *(_idle_cell(_get(doc, "idle_queries_per_s_per_replica", s), s) for s in SYSTEMS),
+        ]
+    )
+    op = doc.get("operator") or {}
+    objects = f" ({op['objects']} objects)" if op.get("objects") else ""
+    for key in ("cr_to_row_ms", "cr_to_published_ms"):
+        rows.append([f"operator {key}{objects}", _dist(op.get(key)), "n/a", "n/a"])
+    per_system("RSS per replica, MB", "footprint", "", "rss_mb")
+    per_system("idle CPU, % of a core", "footprint", "", "idle_cpu_percent")
+    sc = doc.get("scale")
+    if sc:
+        cell = (
+            f"{sc['sidecars']} sidecars / {sc['targets']} targets: "
+            f"{'one' if sc['one_leader_per_key'] else 'NOT one'} leader per key "
+            f"({sc['keys']} keys), {sc['connections']} connections "
+            f"({sc['connections_per_sidecar']}/sidecar)"
+        )
+    else:
+        cell = "–"
+    rows.append(["scale", cell, "n/a", "n/a"])
+    for index, row in enumerate(rows):
+        if index > 0 and row[0] == "hand-over SIGTERM, ms":
+            row[2] = row[3] = "n/a (no hand-over)"
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    lines += ["", "| schedlock target | measured | met |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {_check(ok)} |" for name, value, ok in targets(doc)]
+    return "\n".join(lines)
+
+
+def machine_line(doc: dict[str, Any]) -> str:
+    m = doc.get("machine") or {}
+    return (
+        f"{m.get('cpus')} CPUs ({m.get('cpu_model')}), {m.get('memory_gb')} GB RAM, "
+        f"Linux {m.get('kernel')}, Python {m.get('python')}, PostgreSQL {m.get('postgres')}, "
+        f"{m.get('kube_apiserver') or 'kube-apiserver'}; load average at start "
+        f"{m.get('load_average_at_start')}; profile `{m.get('profile')}`, "
+        f"{_num((m.get('run_seconds') or 0) / 60)} min, commit {m.get('commit')}"
+    )
+
+
+# -- files ------------------------------------------------------------------------------------------
+
+
+def write(
+    out: Path,
+    doc: dict[str, Any],
+    table_md: str,
+    series: dict[str, dict[str, list[float]]],
+    censored: dict[str, dict[str, list[bool]]],
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    plots = _plots(out, series, censored)
+    text = [
+        f"# schedlock benchmark — {_get(doc, 'machine', 'profile')} run, {doc['when']}",
+        "",
+        f"Machine: {machine_line(doc)}.",
+        "",
+        table_md,
+        "",
+        "`≥` marks a distribution with capped trials (the run stopped waiting): its values are "
+        "lower bounds. See docs/performance.md for what each number means and what bounds it.",
+    ]
+    if plots:
+        text += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
+    (out / "latest.md").write_text("\n".join(text) + "\n")
+
+
+def write_docs(doc: dict[str, Any], table_md: str) -> None:
+    text = DOCS.read_text()
+    if BEGIN not in text or END not in text:
+        raise RuntimeError(f"{DOCS} lacks the markers {BEGIN!r} … {END!r}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    block = "\n".join(
+        [BEGIN, "", f"Measured {doc['when']} on {machine_line(doc)}.", "", table_md, "", END]
+    )
+    DOCS.write_text(head + block + tail)
+
+
+def _plots(
+    out: Path, series: dict[str, dict[str, list[float]]], censored: dict[str, dict[str, list[bool]]]
+) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        print("matplotlib is not installed: no plots")
+        return []
+    written: list[Path] = []
+    colors = {"schedlock": "tab:green", "seed_tick": "tab:orange", "k8s_lease": "tab:blue"}
+    panels = [
+        k
+        for k in ("failover_sigkill_ms", "failover_sigstop_ms", "handover_sigterm_ms")
+        if series.get(k)
+    ]
+    if panels:
+        fig, axes = plt.subplots(
+            1, len(panels), figsize=(5 * len(panels), 4), squeeze=False, sharey=True
+        )
+        for ax, key in zip(axes[0], panels, strict=True):
+            longest = max(len(v) for v in series[key].values())
+            ax.set_xlim(0.5, longest + 0.5)
+            for system, values in series[key].items():
+                xs = list(range(1, len(values) + 1))
+                ys = [max(v, 0.1) for v in values]
+                color = colors.get(system)
+                ax.plot(xs, ys, "o-", ms=4, lw=1, label=system, color=color)
+                capped = censored.get(key, {}).get(system) or []
+                cx = [x for x, c in zip(xs, capped, strict=False) if c]
+                cy = [y for y, c in zip(ys, capped, strict=False) if c]
+                if cx:
+                    ax.plot(cx, cy, "^", ms=9, mfc="none", color=color, label=f"{system} (capped)")
+            ax.set_yscale("log")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_title(key.removesuffix("_ms").replace("_", " "))
+            ax.set_xlabel("trial")
+            ax.set_ylabel("gap at the receiver, ms")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / "failover_gaps.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    if series.get("lateness_ms"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for system, values in series["lateness_ms"].items():
+            if not values:
+                continue
+            flags = censored.get("lateness_ms", {}).get(system) or [False] * len(values)
+            ordered = sorted(max(v, 0.01) for v in values)
+            fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+            missing = sum(flags)
+            label = f"{system} ({missing} not delivered: lower bounds)" if missing else system
+            ax.step(ordered, fractions, where="post", label=label, color=colors.get(system))
+        ax.set_xscale("log")
+        ax.set_xlabel("lateness (arrival − due), ms")
+        ax.set_ylabel("fraction of rows")
+        ax.set_title("lateness CDF")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+        fig.tight_layout()
+        path = out / "lateness_cdf.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,103 @@
+"""Rows for the scenarios, inserted in bulk as any writer would (one INSERT … SELECT)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+INSERT = """
+INSERT INTO schedlock_publishes (scheduler, namespace, name, uid, target, due_at, next_attempt_at,
+                                 payload, max_attempts, backoff_seconds)
+SELECT 'publish', %(ns)s, %(prefix)s || '-' || (%(first)s + i), %(prefix)s || '-' || (%(first)s + i),
+       %(target)s,
+       to_timestamp(%(start)s) + make_interval(secs => i * %(spacing)s),
+       to_timestamp(%(start)s) + make_interval(secs => i * %(spacing)s),
+       jsonb_build_object('n', %(first)s + i), 3, 0.2
+FROM generate_series(0, %(count)s - 1) AS i
+"""
+
+
+def insert_due(
+    url: str,
+    *,
+    prefix: str,
+    count: int,
+    start_at: float,
+    spacing: float,
+    namespace: str = "default",
+    target: str = "demo",
+    first: int = 0,
+) -> None:
+    """``count`` one-shot rows due at ``start_at`` (epoch seconds) + i × ``spacing``."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            INSERT,
+            {
+                "ns": namespace,
+                "prefix": prefix,
+                "target": target,
+                "start": start_at,
+                "spacing": spacing,
+                "count": count,
+                "first": first,
+            },
+        )
+
+
+def due_times(url: str, prefix: str) -> dict[str, float]:
+    """uid -> due time (epoch seconds) of the rows with this prefix."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT uid, extract(epoch FROM due_at)::float8 FROM schedlock_publishes "
+            "WHERE uid LIKE %s",
+            (prefix + "-%",),
+        ).fetchall()
+    return {str(uid): float(due) for uid, due in rows}
+
+
+class RowStream:
+    """Keeps rows due every ``spacing`` seconds from now until ``ahead`` seconds ahead."""
+
+    def __init__(
+        self, url: str, *, prefix: str, spacing: float, namespace: str, target: str
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.spacing = spacing
+        self.namespace = namespace
+        self.target = target
+        self.next_due = time.time() + 0.5
+        self.issued = 0
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def top_up(self, ahead: float = 6.0) -> None:
+        now = time.time()
+        if self.next_due - now > ahead / 2:
+            return
+        self.next_due = max(self.next_due, now)
+        count = int((now + ahead - self.next_due) / self.spacing)
+        if count <= 0:
+            return
+        if self.conn is None or self.conn.closed:
+            self.conn = psycopg.connect(self.url, autocommit=True)
+        first, self.issued = self.issued, self.issued + count
+        self.conn.execute(
+            INSERT,
+            {
+                "ns": self.namespace,
+                "prefix": self.prefix,
+                "target": self.target,
+                "start": self.next_due,
+                "spacing": self.spacing,
+                "count": count,
+                "first": first,
+            },
+        )
+        self.next_due += count * self.spacing
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None

@@ -1,0 +1,181 @@
+"""One benchmark run: set up the test bed, run the scenarios in a fixed order, report.
+
+Order and grouping (what may share the machine with what):
+
+1. failover — schedlock's SIGKILL and SIGTERM trials alone (milliseconds are at stake); then
+   schedlock's SIGSTOP trials and both baselines' trials side by side (all seconds long);
+2. lateness — schedlock alone, then the two baselines side by side;
+3. throughput — schedlock alone, then the two baselines side by side;
+4. idle queries and footprint — all three systems idling side by side, one window;
+5. operator — the burst of ScheduledPublish objects;
+6. scale — 50 sidecars.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bench import report
+from bench.context import Context
+from bench.env import BenchEnv
+from bench.profiles import PROFILES, Profile
+from bench.scenarios import failover, idle, lateness, operator, scale, throughput
+from tests.support.sidecars import REPO
+
+RESULTS = REPO / "bench" / "results"
+SCENARIOS = (
+    "failover_sigkill_ms",
+    "failover_sigstop_ms",
+    "handover_sigterm_ms",
+    "lateness_ms",
+    "throughput_fires_per_s",
+    "idle_queries_per_s_per_replica",
+    "operator",
+    "footprint",
+    "scale",
+)
+FAILOVER = ("failover_sigkill_ms", "failover_sigstop_ms", "handover_sigterm_ms")
+IDLE = ("idle_queries_per_s_per_replica", "footprint")
+NEEDS_KUBE = (*FAILOVER, "lateness_ms", "throughput_fires_per_s", *IDLE, "operator")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _first_line(command: list[str]) -> str | None:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def machine(env: BenchEnv, profile: Profile) -> dict[str, Any]:
+    cpu_model = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    mem_gb = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        meminfo = Path("/proc/meminfo").read_text().splitlines()[0]
+        mem_gb = round(int(meminfo.split()[1]) / 1024 / 1024, 1)
+    import kubernetes
+    import psycopg
+
+    kube_version = None
+    if env.kube is not None:
+        kube_version = _first_line([str(env.kube.apiserver_bin), "--version"])
+    commit = _first_line(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    dirty = bool(_first_line(["git", "-C", str(REPO), "status", "--porcelain"]))
+    return {
+        "cpu_model": cpu_model,
+        "cpus": os.cpu_count(),
+        "memory_gb": mem_gb,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "postgres": env.server_version(),
+        "kube_apiserver": kube_version,
+        "kubernetes_client": kubernetes.__version__,
+        "psycopg": psycopg.__version__,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "profile": profile.name,
+        "timings": {k: v for k, v in vars(profile.timings).items() if not k.startswith("_")},
+        "replicas": profile.replicas,
+        "commit": f"{commit}{'-dirty' if dirty else ''}" if commit else None,
+    }
+
+
+async def _scenarios(ctx: Context, only: list[str], errors: list[str]) -> None:
+    async def guarded(name: str, call: Callable[[], Awaitable[None] | None]) -> None:
+        try:
+            result = call()
+            if result is not None:
+                await result
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # one broken scenario must not hide the others' numbers
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            ctx.say(f"{name} FAILED:\n{traceback.format_exc()}")
+
+    wanted = [s for s in FAILOVER if s in only]
+    if wanted:
+        await guarded("failover", lambda: failover.run(ctx, wanted))
+    if "lateness_ms" in only:
+        await guarded("lateness", lambda: lateness.run(ctx))
+    if "throughput_fires_per_s" in only:
+        await guarded("throughput", lambda: throughput.run(ctx))
+    wanted = [s for s in IDLE if s in only]
+    if wanted:
+        await guarded("idle", lambda: idle.run(ctx, wanted))
+    if "operator" in only:
+        await guarded("operator", lambda: operator.run(ctx))
+    if "scale" in only:
+        await guarded("scale", lambda: scale.run(ctx))
+
+
+def run(
+    *, profile_name: str, only: list[str], out: Path, write_docs: bool | None, keep: bool
+) -> int:
+    profile = PROFILES[profile_name]
+    if write_docs is None:
+        write_docs = profile.name == "full" and set(only) == set(SCENARIOS)
+    signal.signal(signal.SIGTERM, _interrupt)
+    workdir = Path(tempfile.mkdtemp(prefix="schedlock-bench-"))
+    workdir.chmod(0o755)
+    env = BenchEnv(workdir)
+    ctx = Context(env=env, profile=profile)
+    errors: list[str] = []
+    started = time.monotonic()
+    when = datetime.now(UTC)
+    info: dict[str, Any] = {}
+    ok = False
+    try:
+        ctx.say(f"profile {profile.name}: {', '.join(only)} (work directory {workdir})")
+        env.start()
+        if any(s in NEEDS_KUBE for s in only):
+            env.start_kube()
+        info = machine(env, profile)
+        asyncio.run(_scenarios(ctx, only, errors))
+        ok = not errors
+    except KeyboardInterrupt:
+        ctx.say("interrupted: cleaning up")
+        return 130
+    finally:
+        env.close()
+        if keep or not ok:
+            ctx.say(f"kept the work directory (logs): {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    info["run_seconds"] = round(time.monotonic() - started, 1)
+    info["scenarios"] = only
+    document = report.document(info, when, ctx.results)
+    table = report.table(document)
+    print(table)
+    report.write(out, document, table, ctx.series, ctx.censored)
+    if write_docs:
+        report.write_docs(document, table)
+        ctx.say("wrote the table into docs/performance.md")
+    ctx.say(f"done in {info['run_seconds']:.0f} s; results in {out}")
+    if errors:
+        for error in errors:
+            ctx.say(f"error: {error}")
+        return 1
+    return 0

@@ -1,0 +1,147 @@
+"""Idle cost and footprint: 5 replicas of each system, nothing due, one measurement window.
+
+Queries come from PostgreSQL's own statistics: every replica connects as its own role, and
+``pg_stat_statements`` counts the statements each role completed in its database between two
+snapshots (a follower blocked in ``pg_advisory_lock`` completes nothing).  The k8s_lease
+replicas also count their API requests to the kube-apiserver.  RSS and CPU come from /proc for
+the same processes over the same window.  The three systems idle side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from bench.context import Context
+from bench.profiles import SYSTEMS
+from bench.stats import summarize
+from bench.systems import INSTANCES, Instance, K8sLeaseInstance, cpu_seconds, rss_mb, until
+
+
+def _calls(ctx: Context) -> dict[tuple[str, int], int]:
+    rows = ctx.env.sql(
+        "SELECT r.rolname, s.dbid, sum(s.calls)::bigint FROM pg_stat_statements s "
+        "JOIN pg_roles r ON r.oid = s.userid GROUP BY 1, 2"
+    )
+    return {(str(role), int(dbid)): int(calls) for role, dbid, calls in rows}
+
+
+def _cpu(insts: dict[str, Instance]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for inst in insts.values():
+        for r in inst.replicas:
+            seconds = cpu_seconds(r.pid)
+            if seconds is not None:
+                out[r.name] = seconds
+    return out
+
+
+def _api(insts: dict[str, Instance]) -> dict[str, int]:
+    inst = insts.get("k8s_lease")
+    return inst.api_requests() if isinstance(inst, K8sLeaseInstance) else {}
+
+
+async def run(ctx: Context, scenarios: list[str]) -> None:
+    p = ctx.profile
+    insts: dict[str, Instance] = {}
+    try:
+        for system in SYSTEMS:
+            insts[system] = INSTANCES[system](
+                ctx.env, p, "idle", p.idle_replicas, role_per_replica=True
+            ).start()
+        for inst in insts.values():
+            await inst.wait_ready()
+        await until(
+            lambda: sum(insts["schedlock"].keys_led().values()) == 2, 60, 0.1, "schedlock leaders"
+        )
+        await until(insts["k8s_lease"].leader_name, 60, 0.1, "a k8s_lease leader")
+        ctx.say(
+            f"idle: {len(SYSTEMS) * p.idle_replicas} replicas up, measuring {p.idle_window_s:g} s"
+        )
+        await asyncio.sleep(p.idle_warmup_s)
+        calls0, cpu0, api0 = _calls(ctx), _cpu(insts), _api(insts)
+        led0 = {s: i.keys_led() for s, i in insts.items()}
+        t0 = time.monotonic()
+        await asyncio.sleep(p.idle_window_s)
+        calls1, cpu1, api1 = _calls(ctx), _cpu(insts), _api(insts)
+        window = time.monotonic() - t0
+        led1 = {s: i.keys_led() for s, i in insts.items()}
+        for system, inst in insts.items():
+            oid = ctx.env.database_oid(inst.dbname)
+            stable = led0[system] == led1[system]
+            replicas: list[dict[str, Any]] = []
+            for r in inst.replicas:
+                calls = calls1.get((r.name, oid), 0) - calls0.get((r.name, oid), 0)
+                cpu = (cpu1.get(r.name, 0.0) - cpu0.get(r.name, 0.0)) / window * 100
+                row: dict[str, Any] = {
+                    "name": r.name,
+                    "keys_led": led1[system].get(r.name, 0) if system != "seed_tick" else None,
+                    "queries_per_s": round(calls / window, 3),
+                    "rss_mb": round(rss_mb(r.pid) or 0.0, 1),
+                    "cpu_percent": round(cpu, 2),
+                }
+                if system == "k8s_lease":
+                    row["api_requests_per_s"] = round(
+                        (api1.get(r.name, 0) - api0.get(r.name, 0)) / window, 3
+                    )
+                replicas.append(row)
+            if "idle_queries_per_s_per_replica" in scenarios:
+                ctx.results.setdefault("idle_queries_per_s_per_replica", {})[system] = _idle_entry(
+                    system, replicas, window, stable
+                )
+            if "footprint" in scenarios:
+                ctx.results.setdefault("footprint", {})[system] = _footprint_entry(
+                    ctx, system, replicas
+                )
+    finally:
+        for inst in insts.values():
+            inst.stop()
+
+
+def _idle_entry(
+    system: str, replicas: list[dict[str, Any]], window: float, stable: bool
+) -> dict[str, Any]:
+    entry = summarize([r["queries_per_s"] for r in replicas], digits=3)
+    entry["window_s"] = round(window, 1)
+    entry["source"] = "pg_stat_statements calls per replica role"
+    if system == "seed_tick":
+        entry["note"] = "no standing leader: every replica ticks and tries the lock"
+    else:
+        leaders = [r for r in replicas if r["keys_led"]]
+        followers = [r for r in replicas if not r["keys_led"]]
+        entry["leader_keys_stable"] = stable
+        entry["keys"] = sum(r["keys_led"] for r in leaders)
+        entry["leader_queries_per_s_per_key"] = (
+            round(sum(r["queries_per_s"] for r in leaders) / entry["keys"], 3)
+            if entry["keys"]
+            else None
+        )
+        entry["followers_queries_per_s_max"] = max(
+            (r["queries_per_s"] for r in followers), default=None
+        )
+        if system == "k8s_lease":
+            entry["api_requests_per_s_leader"] = max(
+                (r["api_requests_per_s"] for r in leaders), default=None
+            )
+            entry["api_requests_per_s_followers_max"] = max(
+                (r["api_requests_per_s"] for r in followers), default=None
+            )
+    entry["replicas"] = [
+        {k: v for k, v in r.items() if k not in ("rss_mb", "cpu_percent")} for r in replicas
+    ]
+    return entry
+
+
+def _footprint_entry(ctx: Context, system: str, replicas: list[dict[str, Any]]) -> dict[str, Any]:
+    leaders = [r for r in replicas if r["keys_led"]]
+    entry: dict[str, Any] = {
+        "rss_mb": summarize([r["rss_mb"] for r in replicas]),
+        "idle_cpu_percent": summarize([r["cpu_percent"] for r in replicas], digits=2),
+        "leader_rss_mb": leaders[0]["rss_mb"] if leaders else None,
+        "leader_idle_cpu_percent": leaders[0]["cpu_percent"] if leaders else None,
+    }
+    if system == "schedlock":
+        peaks = ctx.extras.get("peak_rss_mb") or []
+        entry["peak_rss_under_load_mb"] = round(max(peaks), 1) if peaks else None
+    return entry

@@ -1,0 +1,236 @@
+"""Operator: a burst of ScheduledPublish objects, each due the moment it is created.
+
+The real ``schedlock operator`` (its ServiceAccount bound to exactly the chart's rules, no
+webhook) and 2 sidecars run against the test kube-apiserver and PostgreSQL.  Objects are
+created by 16 client threads as fast as the API server takes them; for each object:
+
+* ``cr_to_row_ms``: from its create call returning to its row's ``created_at``;
+* ``cr_to_delivered_ms``: to the app receiving it;
+* ``cr_to_published_ms``: to ``status.phase == Published`` arriving on a watch of the objects.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from bench import kube_client
+from bench.context import Context
+from bench.stats import summarize
+from bench.systems import cpu_seconds
+from tests.support.kube import KubeAPIServer
+from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
+from tests.support.sidecars import ReceiverProcess, SidecarGroup, parse_metrics
+
+NAMESPACE = "bench-operator"
+GROUP, VERSION, PLURAL = "schedlock.dev", "v1", "scheduledpublishes"
+CLIENT_THREADS = 16
+
+
+def _api(kubeconfig: str) -> Any:
+    api = kube_client.api_client(kubeconfig, pool_size=CLIENT_THREADS + 2)
+    return kube_client.module("client").CustomObjectsApi(api)
+
+
+class PublishedWatch:
+    """Records when each object's status first shows phase Published, from a watch.
+
+    A stream that breaks is resumed from the last resourceVersion seen (``restarts``)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.watch: Any = None
+        self.published: dict[str, float] = {}
+        self.phases: dict[str, str] = {}
+        self.resource_version: str | None = None
+        self.restarts = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="published-watch", daemon=True)
+
+    def start(self) -> PublishedWatch:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self._follow()
+            except Exception:  # a broken stream (or the API server stopping at the end)
+                if self.stopped.is_set():
+                    return
+                self.restarts += 1
+                time.sleep(0.2)
+
+    def _follow(self) -> None:
+        self.watch = kube_client.module("watch").Watch()
+        kwargs: dict[str, Any] = {"timeout_seconds": 3600, "allow_watch_bookmarks": False}
+        if self.resource_version is not None:
+            kwargs["resource_version"] = self.resource_version
+        for event in self.watch.stream(
+            self.api.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, **kwargs
+        ):
+            obj = event["object"]
+            meta = obj["metadata"]
+            self.resource_version = meta.get("resourceVersion") or self.resource_version
+            phase = (obj.get("status") or {}).get("phase") or ""
+            self.phases[meta["uid"]] = phase
+            if phase == "Published":
+                self.published.setdefault(meta["uid"], time.time())
+            if self.stopped.is_set():
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.watch is not None:
+            self.watch.stop()
+
+
+def _rows(url: str) -> dict[str, float]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT uid, extract(epoch FROM created_at)::float8 FROM schedlock_publishes "
+            "WHERE namespace = %s",
+            (NAMESPACE,),
+        ).fetchall()
+    return {str(uid): float(at) for uid, at in rows}
+
+
+def _wait(predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.25)
+
+
+def run(ctx: Context) -> None:
+    p = ctx.profile
+    kube = ctx.env.start_kube()
+    install_crd(kube)
+    kube.kubectl("create", "namespace", NAMESPACE, check=False)
+    dbname = ctx.env.new_database("operator")
+    url = ctx.env.url(dbname)
+    workdir = ctx.env.workdir / dbname
+    receiver = ReceiverProcess(workdir / "receiver").start()
+    sidecars = SidecarGroup(
+        workdir / "sidecars", url, namespace=NAMESPACE, replicas=2, receiver=receiver
+    )
+    operator = OperatorProcess(
+        workdir / "operator",
+        url,
+        operator_kubeconfig(kube),
+        # BENCH_OPERATOR_LOG_LEVEL=debug shows kopf's every step (where the time goes)
+        extra_env={"SCHEDLOCK_LOG_LEVEL": os.environ.get("BENCH_OPERATOR_LOG_LEVEL", "info")},
+    )
+    watch: PublishedWatch | None = None
+    try:
+        sidecars.start()
+        operator.start()
+        api = _api(str(kube.admin_kubeconfig))
+        watch = PublishedWatch(api).start()
+        time.sleep(0.5)  # the watch is established before the first create
+        created: dict[str, float] = {}
+
+        def create(number: int) -> None:
+            at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            body = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ScheduledPublish",
+                "metadata": {"name": f"burst-{number:05d}", "namespace": NAMESPACE},
+                "spec": {"target": "demo", "publishAt": at, "payload": {"n": number}},
+            }
+            obj = api.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+            created[obj["metadata"]["uid"]] = time.time()
+
+        ctx.say(f"operator: creating {p.operator_objects} ScheduledPublish objects")
+        assert operator.process is not None
+        cpu0 = cpu_seconds(operator.process.pid) or 0.0
+        t0 = time.time()
+        with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+            list(pool.map(create, range(p.operator_objects)))
+        apply_s = time.time() - t0
+        deadline = t0 + p.operator_cap_s
+        _wait(lambda: len(_rows(url)) >= len(created), deadline - time.time())
+        _wait(lambda: len(watch.published) >= len(created), deadline - time.time())
+        cutoff = time.time()
+        cpu = (cpu_seconds(operator.process.pid) or 0.0) - cpu0
+        rows = _rows(url)
+        arrivals = {uid: e.arrival for uid, e in _first(receiver).items()}
+        result: dict[str, Any] = {}
+        for key, seen in (
+            ("cr_to_row_ms", rows),
+            ("cr_to_delivered_ms", arrivals),
+            ("cr_to_published_ms", dict(watch.published)),
+        ):
+            values = [(seen[uid] - at) * 1000 for uid, at in created.items() if uid in seen]
+            missing = [(cutoff - at) * 1000 for uid, at in created.items() if uid not in seen]
+            result[key] = summarize(values + missing, censored=len(missing))
+        result.update(
+            objects=len(created),
+            apply_s=round(apply_s, 2),
+            creates_per_s=round(len(created) / apply_s, 1) if apply_s > 0 else None,
+            sidecars=2,
+            client_threads=CLIENT_THREADS,
+            webhook=False,
+            # CPU the operator process used from the first create to the last Published, as a
+            # share of one core: near 100 % means the (single-threaded) operator is the bottleneck
+            operator_cpu_percent=round(cpu / (cutoff - t0) * 100, 1),
+            burst_s=round(cutoff - t0, 2),
+            # status.phase of every object at the end, from the watch (all Published when the
+            # pipeline kept up); and how often the watch stream had to be resumed
+            final_phases=dict(collections.Counter(watch.phases.get(uid, "") for uid in created)),
+            watch_restarts=watch.restarts,
+            # where the time goes: handler runs kopf retried (e.g. "too many clients" when
+            # every upsert opens its own connection), and requests the API server refused with
+            # 429 (API Priority and Fairness) during the run
+            handler_retries=_handler_retries(operator.log_text()),
+            apiserver_rejected=_apiserver_rejected(kube),
+        )
+        ctx.results["operator"] = result
+        ctx.say(
+            "operator: cr_to_row p99 {} ms, cr_to_published p99 {} ms".format(
+                result["cr_to_row_ms"]["p99"], result["cr_to_published_ms"]["p99"]
+            )
+        )
+    finally:
+        if watch is not None:
+            watch.stop()
+        operator.stop()
+        sidecars.stop()
+
+
+def _handler_retries(log: str) -> dict[str, int]:
+    reasons: collections.Counter[str] = collections.Counter()
+    for line in log.splitlines():
+        if "failed temporarily" not in line:
+            continue
+        try:
+            message = str(json.loads(line).get("msg", ""))
+        except ValueError:
+            message = line
+        reason = message.split("failed temporarily:", 1)[-1].strip()
+        reasons[reason.rsplit(":", 1)[-1].strip()[:80] or reason[:80]] += 1
+    return dict(reasons)
+
+
+def _apiserver_rejected(kube: KubeAPIServer) -> dict[str, float]:
+    """apiserver_flowcontrol_rejected_requests_total by priority level, from /metrics."""
+    text = kube.kubectl("get", "--raw", "/metrics", check=False).stdout
+    rejected: collections.Counter[str] = collections.Counter()
+    for name, value in parse_metrics(text).items():
+        if name.startswith("apiserver_flowcontrol_rejected_requests_total{"):
+            level = name.split('priority_level="', 1)[-1].split('"', 1)[0]
+            rejected[level] += int(value)
+    return dict(rejected)
+
+
+def _first(receiver: ReceiverProcess) -> dict[str, Any]:
+    from bench.deliveries import DeliveryLog
+
+    return DeliveryLog(receiver.log_path).first_arrivals()

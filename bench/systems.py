@@ -1,0 +1,479 @@
+"""The three systems under test, each as an *instance*: a database, a receiver, N replicas.
+
+An instance knows how to start its replicas, tell which one leads right now (from the lock
+itself: ``pg_locks`` for schedlock and the seed, the Lease object for ``k8s_lease``), and
+replace a replica that a scenario killed, as a Deployment would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from schedlock.store.keys import LockKey
+
+from bench import kube_client
+from bench.deliveries import DeliveryLog
+from bench.env import BenchEnv
+from bench.profiles import Profile
+from tests.support.procs import die_with_parent
+from tests.support.sidecars import REPO, ReceiverProcess, SidecarProcess
+
+T = TypeVar("T")
+NAMESPACE = "default"
+TARGET = "demo"
+
+
+async def until(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    interval: float = 0.02,
+    what: str = "condition",
+) -> T:
+    """Poll ``predicate`` without blocking the event loop; its first truthy value, or raise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def together(*calls: Awaitable[None]) -> None:
+    """Run side by side; every call runs to its end even if another fails, then the first
+    failure is raised (``asyncio.gather`` alone would leave the others running)."""
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+class Replica(Protocol):
+    name: str
+    process: subprocess.Popen[bytes] | None
+
+    @property
+    def pid(self) -> int: ...
+
+    def alive(self) -> bool: ...
+
+    def ready(self) -> bool: ...
+
+    def signal(self, sig: signal.Signals) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def hard_kill(replica: Replica) -> None:
+    """SIGKILL (after SIGCONT, in case it is stopped) and reap."""
+    process = replica.process
+    if process is None:
+        return
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)
+            os.kill(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(10)
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float | None:
+    """Resident set size (or ``VmHWM``, the peak) of a process, from /proc, in MB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far, from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_seconds(postmaster: int) -> float:
+    """CPU time of the postmaster and all its children (backends, background workers)."""
+    total = cpu_seconds(postmaster) or 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:  # ppid
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def acquired_at(log_path: Path, key: str, after: float) -> float | None:
+    """When a sidecar logged "acquired leadership" of ``key`` (epoch s), first after ``after``."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if '"acquired leadership"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("key") != key:
+            continue
+        at = datetime.fromisoformat(entry["ts"]).timestamp()
+        if at >= after:
+            return at
+    return None
+
+
+class Worker:
+    """A baseline replica: ``python -m bench.baselines.<module>`` with a status file."""
+
+    def __init__(self, name: str, module: str, args: list[str], workdir: Path) -> None:
+        self.name = name
+        self.module = module
+        self.args = args
+        self.workdir = workdir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def status_path(self) -> Path:
+        return self.workdir / f"{self.name}.status.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> Worker:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    f"bench.baselines.{self.module}",
+                    "--name",
+                    self.name,
+                    "--status-file",
+                    str(self.status_path),
+                    *self.args,
+                ],
+                cwd=REPO,
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_parent(),
+            )
+        return self
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.status_path.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def ready(self) -> bool:
+        return self.alive() and bool(self.status().get("ready"))
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class Instance:
+    """One deployment of one system: its own database and receiver, ``replicas`` processes."""
+
+    system = ""
+    short = ""
+
+    def __init__(
+        self,
+        env: BenchEnv,
+        profile: Profile,
+        label: str,
+        replicas: int,
+        *,
+        role_per_replica: bool = False,
+        target: str = TARGET,
+        namespace: str = NAMESPACE,
+    ) -> None:
+        self.env = env
+        self.profile = profile
+        self.timings = profile.timings
+        self.label = label
+        self.count = replicas
+        self.role_per_replica = role_per_replica
+        self.target = target
+        self.namespace = namespace
+        self.dbname = env.new_database(f"{self.short}_{label}")
+        self.db_url = env.url(self.dbname)
+        self.workdir = env.workdir / self.dbname
+        self.receiver = ReceiverProcess(self.workdir / "receiver").start()
+        self.log = DeliveryLog(self.receiver.log_path)
+        self.replicas: list[Replica] = []
+        self._seq = itertools.count()
+        self._db_oid = env.database_oid(self.dbname)
+
+    # -- replicas ---------------------------------------------------------------------------
+
+    def next_name(self) -> str:
+        return f"{self.short}-{self.label}-{next(self._seq)}".replace("_", "-")[:60]
+
+    def replica_url(self, name: str) -> str:
+        return self.env.url(self.dbname, role=name if self.role_per_replica else None)
+
+    def spawn(self) -> Replica:
+        raise NotImplementedError
+
+    def start(self) -> Instance:
+        for _ in range(self.count):
+            self.replicas.append(self.spawn())
+        return self
+
+    async def wait_ready(self, timeout: float = 120) -> None:
+        for replica in list(self.replicas):
+            await until(replica.ready, timeout, 0.05, f"{replica.name} to be ready")
+
+    def replace(self, victim: Replica) -> Replica:
+        """Kill ``victim`` for good and start a fresh replica in its place."""
+        hard_kill(victim)
+        self.replicas.remove(victim)
+        fresh = self.spawn()
+        self.replicas.append(fresh)
+        return fresh
+
+    def by_name(self, name: str | None) -> Replica | None:
+        return next((r for r in self.replicas if r.name == name), None)
+
+    def stop(self) -> None:
+        for replica in self.replicas:  # signal all first: they shut down in parallel
+            with contextlib.suppress(Exception):
+                replica.signal(signal.SIGCONT)
+                replica.signal(signal.SIGTERM)
+        for replica in self.replicas:
+            with contextlib.suppress(Exception):
+                replica.stop()
+        self.receiver.stop()
+
+    # -- leadership ---------------------------------------------------------------------------
+
+    def leader_name(self) -> str | None:
+        """Who holds the lock (lease) right now, by replica name; None while nobody does."""
+        raise NotImplementedError
+
+    def _advisory_holder(self, classid: int | None, objid: int | None, objsubid: int) -> str | None:
+        query = (
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.database = %s AND l.objsubid = %s"
+        )
+        params: tuple[Any, ...] = (self._db_oid, objsubid)
+        if classid is not None and objid is not None:
+            query += " AND l.classid = %s::int::oid AND l.objid = %s::int::oid"
+            params += (classid, objid)
+        rows = self.env.sql(query, params)
+        return str(rows[0][0]) if rows else None
+
+    def delivered_recently(self, name: str, within: float) -> bool:
+        since = time.time() - within
+        for entry in reversed(self.log.refresh()[-400:]):
+            if entry.arrival < since:
+                break
+            if entry.holder == name:
+                return True
+        return False
+
+    async def active_leader(self, timeout: float, within: float = 1.0) -> Replica:
+        """The replica that leads and is firing now (it delivered within ``within`` s)."""
+
+        def probe() -> Replica | None:
+            replica = self.by_name(self.leader_name())
+            if replica is None or not replica.alive():
+                return None
+            return replica if self.delivered_recently(replica.name, within) else None
+
+        return await until(probe, timeout, 0.02, f"an active {self.system} leader")
+
+    def keys_led(self) -> dict[str, int]:
+        """replica name -> number of lock keys it holds right now."""
+        leader = self.leader_name()
+        return {leader: 1} if leader else {}
+
+
+class SchedlockInstance(Instance):
+    system = "schedlock"
+    short = "sl"
+
+    def spawn(self) -> Replica:
+        name = self.next_name()
+        env = {
+            "SCHEDLOCK_DATABASE_URL": self.replica_url(name),
+            "SCHEDLOCK_NAMESPACE": self.namespace,
+            "SCHEDLOCK_TARGET": self.target,
+            "SCHEDLOCK_TARGET_URL": self.receiver.url,
+            "SCHEDLOCK_LOG_FORMAT": "json",  # timestamps to the millisecond, in UTC
+            **self.timings.schedlock_env(),
+        }
+        return SidecarProcess(name, self.workdir / "sidecars", env).start()
+
+    def leader_name(self) -> str | None:
+        key = LockKey("publish", self.namespace, self.target)
+        return self._advisory_holder(key.classid, key.objid, 2)
+
+    def keys_led(self) -> dict[str, int]:
+        rows = self.env.sql(
+            "SELECT a.application_name, count(*) FROM pg_locks l "
+            "JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.database = %s AND l.objsubid = 2 "
+            "AND l.classid = %s::int::oid GROUP BY 1",
+            (self._db_oid, LockKey("publish", "x", "y").classid),
+        )
+        return {str(name): int(count) for name, count in rows}
+
+
+class SeedTickInstance(Instance):
+    system = "seed_tick"
+    short = "seed"
+
+    def spawn(self) -> Replica:
+        name = self.next_name()
+        args = [
+            "--database-url",
+            self.replica_url(name),
+            "--target-url",
+            self.receiver.url,
+            "--namespace",
+            self.namespace,
+            "--target",
+            self.target,
+            "--tick-seconds",
+            f"{self.timings.seed_tick_s:g}",
+            "--batch",
+            str(self.timings.seed_batch),
+        ]
+        return Worker(name, "seed_tick", args, self.workdir / "replicas").start()
+
+    def leader_name(self) -> str | None:
+        # The seed's only lock in this database: one bigint key (objsubid 1).
+        return self._advisory_holder(None, None, 1)
+
+    async def active_leader(self, timeout: float, within: float = 1.0) -> Replica:
+        """The replica inside a tick right now (holding the lock while it fires)."""
+
+        def probe() -> Replica | None:
+            replica = self.by_name(self.leader_name())
+            return replica if replica is not None and replica.alive() else None
+
+        return await until(probe, timeout, 0.004, "a seed_tick replica inside its tick")
+
+
+class K8sLeaseInstance(Instance):
+    system = "k8s_lease"
+    short = "k8s"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        kube = self.env.start_kube()
+        self.kubeconfig = kube.admin_kubeconfig
+        self.lease_name = f"bench-{self.dbname}".replace("_", "-").lower()
+        self._api: Any = None
+
+    def spawn(self) -> Replica:
+        name = self.next_name()
+        t = self.timings
+        args = [
+            "--database-url",
+            self.replica_url(name),
+            "--target-url",
+            self.receiver.url,
+            "--namespace",
+            self.namespace,
+            "--target",
+            self.target,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--lease-name",
+            self.lease_name,
+            "--lease-seconds",
+            str(int(t.k8s_lease_s)),
+            "--renew-deadline-seconds",
+            str(int(t.k8s_renew_deadline_s)),
+            "--retry-seconds",
+            str(int(t.k8s_retry_s)),
+            "--poll-seconds",
+            f"{t.k8s_poll_s:g}",
+        ]
+        return Worker(name, "k8s_lease", args, self.workdir / "replicas").start()
+
+    def _coordination(self) -> Any:
+        if self._api is None:
+            self._api = kube_client.module("client").CoordinationV1Api(
+                kube_client.api_client(str(self.kubeconfig))
+            )
+        return self._api
+
+    def leader_name(self) -> str | None:
+        try:
+            lease = self._coordination().read_namespaced_lease(self.lease_name, "default")
+        except kube_client.api_exception():
+            return None
+        holder = lease.spec.holder_identity if lease.spec else None
+        return str(holder) if holder else None
+
+    async def active_leader(self, timeout: float, within: float = 2.5) -> Replica:
+        return await super().active_leader(timeout, within)
+
+    def api_requests(self) -> dict[str, int]:
+        return {
+            r.name: int(r.status().get("api_requests", 0))
+            for r in self.replicas
+            if isinstance(r, Worker)
+        }
+
+
+INSTANCES: dict[str, type[Instance]] = {
+    "schedlock": SchedlockInstance,
+    "seed_tick": SeedTickInstance,
+    "k8s_lease": K8sLeaseInstance,
+}

@@ -1,0 +1,83 @@
+"""The benchmark harness runs end to end (``python -m bench run --smoke``), so it cannot rot.
+
+One short trial per scenario with shortened timings, against its own PostgreSQL and
+kube-apiserver.  Only the shape of the results is checked — never a number: timing belongs in
+``make bench`` on a quiet machine, not in a test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = [
+    "machine",
+    "when",
+    "failover_sigkill_ms",
+    "failover_sigstop_ms",
+    "handover_sigterm_ms",
+    "lateness_ms",
+    "throughput_fires_per_s",
+    "idle_queries_per_s_per_replica",
+    "operator",
+    "footprint",
+    "scale",
+]
+ALL = ("schedlock", "seed_tick", "k8s_lease")
+DISTRIBUTIONS = {
+    "failover_sigkill_ms": ALL,
+    "failover_sigstop_ms": ALL,
+    "handover_sigterm_ms": ("schedlock",),
+    "lateness_ms": ALL,
+    "throughput_fires_per_s": ALL,
+    "idle_queries_per_s_per_replica": ALL,
+}
+
+
+def assert_distribution(entry: object, where: str) -> None:
+    assert isinstance(entry, dict), where
+    for field in ("p50", "p99", "max"):
+        assert isinstance(entry.get(field), int | float), f"{where}.{field}: {entry}"
+    assert isinstance(entry.get("n"), int) and entry["n"] >= 1, f"{where}.n: {entry}"
+
+
+@pytest.mark.timeout(420)
+def test_bench_smoke_writes_every_key(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "--smoke", "--no-docs", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-6000:]}"
+    document = json.loads((out / "latest.json").read_text())
+    assert list(document) == KEYS
+    assert document["machine"]["profile"] == "smoke"
+    assert isinstance(document["when"], str)
+    for key, systems in DISTRIBUTIONS.items():
+        assert set(document[key]) == set(systems), key
+        for system in systems:
+            assert_distribution(document[key][system], f"{key}.{system}")
+    for key in ("cr_to_row_ms", "cr_to_published_ms"):
+        assert_distribution(document["operator"][key], f"operator.{key}")
+    for system in ALL:
+        assert_distribution(document["footprint"][system]["rss_mb"], f"footprint.{system}")
+        assert_distribution(
+            document["footprint"][system]["idle_cpu_percent"], f"footprint.{system}"
+        )
+    scale = document["scale"]
+    assert isinstance(scale["one_leader_per_key"], bool)
+    assert isinstance(scale["connections"], int)
+    table = (out / "latest.md").read_text()
+    assert "failover SIGKILL" in table and "| schedlock target |" in table
+    assert run.stdout.count("| failover SIGKILL, ms |") == 1  # the table is printed too
+    assert (out / "failover_gaps.png").stat().st_size > 0
+    assert (out / "lateness_cdf.png").stat().st_size > 0
