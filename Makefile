@@ -41,6 +41,13 @@ bench-quick: venv ## the same scenarios with fewer trials (< 3 min): bench/resul
 	@bash hack/tools.sh ensure kube-apiserver etcd kubectl
 	@$(PY) -m bench run --quick
 
+CHAOS_DURATION ?= 600
+CHAOS_SEED ?=
+
+.PHONY: chaos
+chaos: venv tools ## chaos run (CHAOS_DURATION s, default 600; CHAOS_SEED=N replays); verdict in chaos-verdict.json
+	@$(PY) -m chaos --duration $(CHAOS_DURATION) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED),)
+
 .PHONY: tools
 tools: ## build/install the pinned kube-apiserver, etcd, kubectl, helm, prometheus, pgbouncer (cached)
 	@echo "==> ensuring pinned test tools (first time builds kube-apiserver/etcd/kubectl/helm from Go modules)"
@@ -53,7 +60,7 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@$(VENV)/bin/ruff format --check .
 	@echo "==> mypy --strict"
 	@$(VENV)/bin/mypy -p schedlock
-	@$(VENV)/bin/mypy --strict --explicit-package-bases bench monitoring
+	@$(VENV)/bin/mypy --strict --explicit-package-bases bench monitoring chaos
 	@echo "==> import-linter"
 	@$(VENV)/bin/lint-imports --no-cache
 	@echo "==> yamllint"

@@ -65,6 +65,11 @@ class Firer:
         await _Term(self, leadership, stopping).run()
 
 
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class _Term:
     """State of one leadership term: in-flight deliveries, pending outcomes, wake-ups."""
 
@@ -90,6 +95,10 @@ class _Term:
     async def run(self) -> None:
         listener = asyncio.create_task(self._listen(asyncio.Event()), name=f"listen:{self.key}")
         completer = asyncio.create_task(self._complete_loop(), name=f"complete:{self.key}")
+        for task in (listener, completer):
+            # If this term is cancelled mid-cleanup (the heartbeat lost the lease), an error of
+            # a helper task is already accounted for: never "exception was never retrieved".
+            task.add_done_callback(_retrieve)
         graceful = False
         try:
             # No waiting for the listener before the first claim (that would add its connect

@@ -1,0 +1,456 @@
+"""The system under test: PostgreSQL, kube-apiserver + etcd, the operator, two apps, ten sidecars.
+
+Everything runs as a real process started from the main thread with ``die_with_parent`` (a
+harness killed with SIGKILL takes its children with it).  Each sidecar reaches PostgreSQL
+through its own :class:`~chaos.proxy.BlackholeProxy`; the harness, the operator and the row
+writers connect directly.  Sidecars run as the least-privilege role ``schedlock_sidecar`` and
+the operator as ``schedlock_operator``, the way a production install runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psycopg
+import yaml
+from psycopg.rows import TupleRow
+from schedlock.store import LockKey, open_store
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID
+
+from chaos.config import ChaosConfig
+from chaos.proxy import BlackholeProxy
+from tests.support.kube import KubeAPIServer
+from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
+from tests.support.pg import PostgresServer, _chown_tree, _run_as, server_dir, template_cluster
+from tests.support.procs import die_with_parent
+from tests.support.sidecars import ReceiverProcess, SidecarProcess
+
+DATABASE = "chaos"
+SIDECAR_ROLE = "schedlock_sidecar"
+OPERATOR_ROLE = "schedlock_operator"
+SCHEDULERS = ("publish", "recurring")
+
+AConn = psycopg.AsyncConnection[TupleRow]
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+# ------------------------------------------------------------------------------- PostgreSQL
+
+
+@dataclass
+class ChaosPostgres(PostgresServer):
+    """PostgresServer whose postmaster dies with the harness, with an async restart."""
+
+    def _spawn(self) -> None:
+        user = _run_as()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.datadir.exists():
+            template = template_cluster(self.bindir)
+            self.datadir.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(template, self.datadir, symlinks=True)
+            self.datadir.chmod(0o700)
+            _chown_tree(self.datadir.parent, user)
+        options = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": "",
+            "max_connections": "400",
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "shared_buffers": "128MB",
+            "log_min_messages": "warning",
+            "log_line_prefix": "%m [%p] %a ",
+            **self.settings,
+        }
+        argv = [str(self.bindir / "postgres"), "-D", str(self.datadir)]
+        for key, value in options.items():
+            argv += ["-c", f"{key}={value}"]
+        with self.logfile.open("ab") as out:
+            self.process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=out,
+                user=user,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
+
+    def start(self, timeout: float = 30) -> None:
+        self._spawn()
+        self.wait_ready(timeout)
+
+    async def astop(self, mode: str) -> None:
+        process = self.process
+        if process is None:
+            return
+        sig = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}[mode]
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        deadline = time.monotonic() + 30
+        while process.poll() is None:
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            await asyncio.sleep(0.02)
+        self.process = None
+
+    async def astart(self, timeout: float = 30) -> None:
+        self._spawn()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url(), connect_timeout=2)
+                await conn.close()
+                return
+            except psycopg.Error:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(f"postgres exited at start:\n{self.log_tail()}") from None
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+    def cleanup(self) -> None:
+        """Stop, and remove the data directory (the log stays in the run directory)."""
+        self.stop("immediate")
+        shutil.rmtree(server_dir(self.workdir), ignore_errors=True)
+
+
+def with_user(url: str, user: str, dbname: str, port: int | None = None) -> str:
+    host_port = url.rsplit("@", 1)[1].split("/", 1)[0]
+    if port is not None:
+        host_port = f"{host_port.rsplit(':', 1)[0]}:{port}"
+    return f"postgresql://{user}@{host_port}/{dbname}"
+
+
+# ------------------------------------------------------------------------------- the operator
+
+
+@dataclass
+class ChaosOperator(OperatorProcess):
+    """OperatorProcess that starts without blocking the event loop (restarts mid-run)."""
+
+    def spawn(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")},
+            "KUBECONFIG": str(self.kubeconfig),
+            "SCHEDLOCK_DATABASE_URL": self.database_url,
+            "SCHEDLOCK_HEALTH_PORT": str(self.health_port),
+            "SCHEDLOCK_WEBHOOK_PORT": str(self.webhook_port),
+            "SCHEDLOCK_WEBHOOK_HOST": "127.0.0.1",
+            "SCHEDLOCK_HOLDER": "chaos-operator",
+            "SCHEDLOCK_SYNC_SWEEP_SECONDS": "5",
+            "SCHEDLOCK_MIGRATE": "off",
+            **self.extra_env,
+        }
+        with self.log_path.open("ab") as out:
+            self.process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "schedlock"), "operator"],
+                env=env,
+                stdout=out,
+                stderr=out,
+                cwd=self.workdir,
+                preexec_fn=die_with_parent(),
+            )
+
+    async def wait_healthy(self, session: aiohttp.ClientSession, timeout: float = 90) -> bool:
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.health_port}/healthz"
+        while time.monotonic() < deadline and self.alive():
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+                    if response.status == 200:
+                        return True
+            await asyncio.sleep(0.2)
+        return False
+
+
+# ------------------------------------------------------------------------------- the stack
+
+
+@dataclass
+class Replica:
+    name: str
+    target: str
+    process: SidecarProcess
+    proxy: BlackholeProxy
+    down: bool = False  # stopped on purpose by a fault (killed/terminated, not yet restarted)
+    frozen: bool = False
+
+
+class Stack:
+    def __init__(self, config: ChaosConfig, rundir: Path) -> None:
+        self.config = config
+        self.rundir = rundir
+        # synchronous_commit stays ON: the test server's default (off) acknowledges commits
+        # that an immediate shutdown then loses, which would read as lost rows.  fsync may stay
+        # off: only the server process dies here, never the machine.
+        self.pg = ChaosPostgres(rundir / "postgres", settings={"synchronous_commit": "on"})
+        self.kube: KubeAPIServer | None = None
+        self.operator: ChaosOperator | None = None
+        self.receivers: dict[str, ReceiverProcess] = {}
+        self.replicas: dict[str, Replica] = {}
+        self.http: aiohttp.ClientSession | None = None
+        self._admin: AConn | None = None
+        self._kube_ssl: ssl.SSLContext | None = None
+        self.keys = {
+            LockKey(s, config.namespace, t): (t, s) for t in config.targets for s in SCHEDULERS
+        }
+        self.objids = {key.objid: key for key in self.keys}
+
+    # -- URLs ---------------------------------------------------------------------------------
+
+    @property
+    def admin_url(self) -> str:
+        return self.pg.url(DATABASE)
+
+    def sidecar_url(self, proxy_port: int) -> str:
+        return with_user(self.pg.url(), SIDECAR_ROLE, DATABASE, proxy_port)
+
+    @property
+    def operator_url(self) -> str:
+        return with_user(self.pg.url(), OPERATOR_ROLE, DATABASE)
+
+    # -- synchronous set-up (main thread, before the event loop) ------------------------------
+
+    def start_database(self) -> None:
+        self.pg.start()
+        self.pg.psql(f'CREATE DATABASE "{DATABASE}"')
+        for role in (SIDECAR_ROLE, OPERATOR_ROLE):
+            self.pg.psql(f'CREATE ROLE "{role}" LOGIN')
+
+        async def migrate() -> None:
+            store = open_store(self.admin_url, application_name="chaos-migrate")
+            await store.migrate()
+            await store.grant(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE)
+            await store.close()
+
+        asyncio.run(migrate())
+
+    def start_kube(self) -> Path:
+        self.kube = KubeAPIServer(self.rundir / "kube")
+        self.kube.start(timeout=120)
+        install_crd(self.kube)
+        self.kube.kubectl("create", "namespace", self.config.namespace)
+        return operator_kubeconfig(self.kube)
+
+    def start_receivers(self) -> None:
+        for target in self.config.targets:
+            self.receivers[target] = ReceiverProcess(self.rundir / f"receiver-{target}").start()
+
+    # -- asynchronous parts --------------------------------------------------------------------
+
+    async def start_sidecars(self) -> None:
+        for target in self.config.targets:
+            receiver = self.receivers[target]
+            for i in range(self.config.replicas):
+                name = f"{target}-{i}"
+                proxy = BlackholeProxy(name, "127.0.0.1", self.pg.port)
+                port = await proxy.start()
+                env = {
+                    **self.config.sidecar_env(),
+                    "SCHEDLOCK_DATABASE_URL": self.sidecar_url(port),
+                    "SCHEDLOCK_TARGET": target,
+                    "SCHEDLOCK_TARGET_URL": receiver.url,
+                }
+                process = SidecarProcess(name, self.rundir / "sidecars", env)
+                self.replicas[name] = Replica(name, target, process, proxy)
+                process.start()
+
+    def start_operator(self, kubeconfig: Path) -> None:
+        self.operator = ChaosOperator(self.rundir / "operator", self.operator_url, kubeconfig)
+        self.operator.spawn()
+
+    async def open_http(self) -> aiohttp.ClientSession:
+        if self.http is None:
+            self.http = aiohttp.ClientSession()
+        return self.http
+
+    async def sidecar_ready(self, replica: Replica) -> bool:
+        http = await self.open_http()
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with http.get(
+                replica.process.url("/readyz"), timeout=aiohttp.ClientTimeout(total=2)
+            ) as response:
+                return response.status == 200
+        return False
+
+    async def control_app(self, target: str, **settings: Any) -> None:
+        http = await self.open_http()
+        url = f"http://127.0.0.1:{self.receivers[target].port}/control"
+        async with http.post(url, json=settings, timeout=aiohttp.ClientTimeout(total=5)) as r:
+            r.raise_for_status()
+
+    # -- the database, seen directly by the harness --------------------------------------------
+
+    async def admin(self) -> AConn:
+        if self._admin is None or self._admin.closed or self._admin.broken:
+            self._admin = await psycopg.AsyncConnection.connect(
+                self.admin_url, autocommit=True, connect_timeout=3, application_name="chaos"
+            )
+        return self._admin
+
+    async def query(self, sql: str, params: Any = None) -> list[TupleRow]:
+        """Run one statement on the harness's own connection; reconnect once if it broke."""
+        for attempt in (1, 2):
+            try:
+                conn = await self.admin()
+                cur = await conn.execute(sql, params)
+                return await cur.fetchall() if cur.description else []
+            except psycopg.OperationalError:
+                if self._admin is not None:
+                    with contextlib.suppress(Exception):
+                        await self._admin.close()
+                self._admin = None
+                if attempt == 2:
+                    raise
+        return []
+
+    async def lock_holders(self) -> dict[LockKey, tuple[str, int]]:
+        """Granted schedlock advisory locks: key -> (application_name, backend pid)."""
+        rows = await self.query(
+            "SELECT l.objid::bigint, a.application_name, l.pid FROM pg_locks l "
+            "JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.classid = %s::int::oid AND l.objsubid = 2 "
+            "AND l.granted AND l.database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())",
+            (SCHEDLOCK_CLASS_ID,),
+        )
+        holders: dict[LockKey, tuple[str, int]] = {}
+        for objid, app, pid in rows:
+            signed = int(objid) - (1 << 32) if int(objid) >= (1 << 31) else int(objid)
+            key = self.objids.get(signed)
+            if key is not None:
+                holders[key] = (str(app), int(pid))
+        return holders
+
+    async def leader_of(self, target: str, scheduler: str, timeout: float = 8.0) -> str | None:
+        key = LockKey(scheduler, self.config.namespace, target)
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(psycopg.Error):
+                holder = (await self.lock_holders()).get(key)
+                if holder is not None and holder[0] in self.replicas:
+                    replica = self.replicas[holder[0]]
+                    if not replica.down and not replica.frozen and replica.process.alive():
+                        return holder[0]
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.1)
+
+    async def keys_led_by(self, holder: str) -> list[str]:
+        return sorted(
+            str(k) for k, (app, _) in (await self.lock_holders()).items() if app == holder
+        )
+
+    # -- Kubernetes, as the admin (the harness plays the user creating objects) -----------------
+
+    def kube_ssl(self) -> ssl.SSLContext:
+        if self._kube_ssl is None:
+            assert self.kube is not None
+            config = yaml.safe_load(self.kube.admin_kubeconfig.read_text())
+            user = config["users"][0]["user"]
+            certdir = self.rundir / "kube" / "harness"
+            certdir.mkdir(parents=True, exist_ok=True)
+            cert, key = certdir / "admin.crt", certdir / "admin.key"
+            cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+            key.write_bytes(base64.b64decode(user["client-key-data"]))
+            key.chmod(0o600)
+            context = ssl.create_default_context(cafile=str(self.kube.ca_path))
+            context.load_cert_chain(str(cert), str(key))
+            self._kube_ssl = context
+        return self._kube_ssl
+
+    async def kube_request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        assert self.kube is not None
+        http = await self.open_http()
+        async with http.request(
+            method,
+            f"{self.kube.url}{path}",
+            json=body,
+            ssl=self.kube_ssl(),
+            timeout=aiohttp.ClientTimeout(total=10),
+        ) as response:
+            data = await response.json(content_type=None)
+            return response.status, data if isinstance(data, dict) else {}
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def all_processes(self) -> Iterator[subprocess.Popen[bytes]]:
+        for replica in self.replicas.values():
+            if replica.process.process is not None:
+                yield replica.process.process
+        if self.operator is not None and self.operator.process is not None:
+            yield self.operator.process
+
+    async def stop_async(self) -> dict[str, int | None]:
+        """SIGTERM every sidecar (after SIGCONT) and the operator; return exit codes."""
+        for proc in self.all_processes():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.terminate()
+        deadline = time.monotonic() + 15
+        while any(p.poll() is None for p in self.all_processes()):
+            if time.monotonic() > deadline:
+                for p in self.all_processes():
+                    if p.poll() is None:
+                        p.kill()
+                break
+            await asyncio.sleep(0.05)
+        codes: dict[str, int | None] = {
+            name: r.process.process.wait() if r.process.process else None
+            for name, r in self.replicas.items()
+        }
+        for replica in self.replicas.values():
+            await replica.proxy.close()
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await self._admin.close()
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
+        return codes
+
+    def stop_sync(self) -> None:
+        for proc in self.all_processes():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.kill()
+                proc.wait()
+        # The apps: SIGTERM all at once (aiohttp would wait for hung requests), then SIGKILL.
+        receivers = [r.process for r in self.receivers.values() if r.process is not None]
+        for proc in receivers:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 2
+        for proc in receivers:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.kube is not None:
+            self.kube.stop()
+        self.pg.cleanup()
