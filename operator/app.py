@@ -17,7 +17,7 @@ import kopf
 from schedlock.operator.handlers import build_registry, configure
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
-from schedlock.store import SchemaNotCurrent, SchemaTooNew, StoreError, StoreUnavailable
+from schedlock.store import SchemaNotCurrent, StoreError, StoreUnavailable, ensure_schema
 from schedlock.store.postgres import PostgresStore
 
 log = logging.getLogger("schedlock.operator")
@@ -28,19 +28,8 @@ async def wait_for_schema(store: PostgresStore, settings: OperatorSettings) -> N
     delay = 0.5
     while True:
         try:
-            if settings.migrate == "auto":
-                await store.migrate()
-            status = await store.schema_status()
-            if status.current > status.latest:
-                raise SchemaTooNew(
-                    f"the database schema is at migration {status.current} but this schedlock "
-                    f"knows only up to {status.latest}: upgrade schedlock"
-                )
-            if status.is_current:
-                return
-            raise SchemaNotCurrent(
-                f"schema at migration {status.current}, {status.latest} needed: run `schedlock migrate`"
-            )
+            await ensure_schema(store, migrate=settings.migrate == "auto")
+            return
         except (StoreUnavailable, SchemaNotCurrent) as exc:
             log.warning(
                 "database not ready, retrying", extra={"error": str(exc), "retry_in_s": delay}

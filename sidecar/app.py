@@ -33,6 +33,7 @@ from schedlock.store import (
     Store,
     StoreError,
     StoreUnavailable,
+    ensure_schema,
     open_store,
 )
 
@@ -101,19 +102,7 @@ class Sidecar:
         delay = 0.5
         while not self.stopping.is_set():
             try:
-                if self.settings.migrate == "auto":
-                    await self.store.migrate()
-                status = await self.store.schema_status()
-                if status.current > status.latest:
-                    raise SchemaTooNew(
-                        f"the database schema is at migration {status.current} but this schedlock "
-                        f"knows only up to {status.latest}: upgrade schedlock"
-                    )
-                if not status.is_current:
-                    raise SchemaNotCurrent(
-                        f"schema at migration {status.current}, {status.latest} needed: "
-                        "run `schedlock migrate` with the owner role"
-                    )
+                await ensure_schema(self.store, migrate=self.settings.migrate == "auto")
                 self.schema_ok = True
                 self.metrics.database_up.set(1)
                 return True

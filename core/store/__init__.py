@@ -23,6 +23,7 @@ from schedlock.store.errors import (
     StoreUnavailable,
     UnlockFailed,
     UnsafeConnection,
+    schema_too_new,
 )
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID, SCHEDULERS, LockKey
 from schedlock.store.models import (
@@ -74,6 +75,7 @@ __all__ = [
     "UnlockFailed",
     "UnsafeConnection",
     "UpsertResult",
+    "ensure_schema",
     "open_store",
 ]
 
@@ -132,6 +134,23 @@ class Store(Protocol):
     async def key_status(self) -> list[KeyStatus]: ...
     async def get_publish(self, uid: str) -> PublishRecord | None: ...
     async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]: ...
+
+
+async def ensure_schema(store: Store, *, migrate: bool) -> None:
+    """Migrate when asked, then require the schema this binary knows (never a newer one).
+
+    Raises SchemaTooNew or SchemaNotCurrent (or StoreUnavailable): callers retry and report.
+    """
+    if migrate:
+        await store.migrate()
+    status = await store.schema_status()
+    if status.current > status.latest:
+        raise schema_too_new(status.current, status.latest)
+    if not status.is_current:
+        raise SchemaNotCurrent(
+            f"schema at migration {status.current}, {status.latest} needed: "
+            "run `schedlock migrate` with the owner role"
+        )
 
 
 def open_store(url: str, *, application_name: str = "schedlock") -> Store:

@@ -19,6 +19,13 @@ class SchemaTooNew(SchemaError):
     """The database was migrated by a newer schedlock: refuse, never downgrade."""
 
 
+def schema_too_new(current: int, latest: int) -> SchemaTooNew:
+    return SchemaTooNew(
+        f"the database schema is at migration {current} but this schedlock knows only up to "
+        f"{latest}: upgrade schedlock (it never downgrades a schema)"
+    )
+
+
 class SchemaNotCurrent(SchemaError):
     """Migrations this binary needs have not run yet."""
 

@@ -26,11 +26,11 @@ from schedlock.store import queries, rows
 from schedlock.store.errors import (
     LeadershipLost,
     LockKeyCollision,
-    SchemaTooNew,
     StoreError,
     StoreUnavailable,
     UnlockFailed,
     UnsafeConnection,
+    schema_too_new,
 )
 from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, LockKey
 from schedlock.store.migrations import latest_id, migrations, split_statements
@@ -476,7 +476,7 @@ class PostgresStore:
                 current = int(row["id"]) if row else 0
                 latest = latest_id("postgres")
                 if current > latest:
-                    raise SchemaTooNew(_too_new(current, latest))
+                    raise schema_too_new(current, latest)
                 applied: list[int] = []
                 for migration in migrations("postgres"):
                     if migration.id <= current:
@@ -703,13 +703,6 @@ async def _upsert(conn: Conn, name: str, params: Mapping[str, Any]) -> UpsertRes
     if row is None:
         return UpsertResult(id=None, state=None, inserted=False)
     return UpsertResult(id=int(row["id"]), state=row["state"], inserted=bool(row["inserted"]))
-
-
-def _too_new(current: int, latest: int) -> str:
-    return (
-        f"the database schema is at migration {current} but this schedlock knows only up to "
-        f"{latest}: upgrade schedlock (it never downgrades a schema)"
-    )
 
 
 def outcome_payload(text: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from schedlock.store import queries, rows
-from schedlock.store.errors import LeadershipLost, SchemaTooNew, StoreError, StoreUnavailable
+from schedlock.store.errors import LeadershipLost, StoreError, StoreUnavailable, schema_too_new
 from schedlock.store.keys import LockKey
 from schedlock.store.migrations import latest_id, migrations
 from schedlock.store.models import (
@@ -290,10 +290,7 @@ class SqliteStore:
                 )
                 latest = latest_id("sqlite")
                 if current > latest:
-                    raise SchemaTooNew(
-                        f"the database schema is at migration {current} but this schedlock knows "
-                        f"only up to {latest}: upgrade schedlock (it never downgrades a schema)"
-                    )
+                    raise schema_too_new(current, latest)
                 applied = []
                 for migration in migrations("sqlite"):
                     if migration.id > current:
