@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -86,14 +85,6 @@ def _affinity_lock() -> asyncio.Lock:
     if loop not in _AFFINITY_LOCKS:
         _AFFINITY_LOCKS[loop] = asyncio.Lock()
     return _AFFINITY_LOCKS[loop]
-
-
-def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
-
-
-def _opt_utc(value: datetime | None) -> datetime | None:
-    return None if value is None else value.astimezone(UTC)
 
 
 async def _guard(call: Awaitable[T]) -> T:
@@ -225,14 +216,6 @@ class PostgresLockSession:
         row = await self._fetchone("lock", self.key.params())
         self._lock_pid = int(row["pid"])
         await self._verify_session_affinity()
-
-    async def try_acquire(self) -> bool:
-        row = await self._fetchone("try_lock", self.key.params())
-        if not row["locked"]:
-            return False
-        self._lock_pid = int(row["pid"])
-        await self._verify_session_affinity()
-        return True
 
     def _local_port(self) -> int | None:
         conn = self._require()
@@ -703,9 +686,3 @@ async def _upsert(conn: Conn, name: str, params: Mapping[str, Any]) -> UpsertRes
     if row is None:
         return UpsertResult(id=None, state=None, inserted=False)
     return UpsertResult(id=int(row["id"]), state=row["state"], inserted=bool(row["inserted"]))
-
-
-def outcome_payload(text: str) -> dict[str, Any]:
-    """Parse a ``schedlock_outcomes`` NOTIFY payload."""
-    data: dict[str, Any] = json.loads(text)
-    return data

@@ -132,9 +132,6 @@ class SqliteLockSession:
     async def acquire(self) -> None:
         return None
 
-    async def try_acquire(self) -> bool:
-        return True
-
     async def begin_term(self) -> TermStart:
         params = self._params(holder=self.holder)
 

