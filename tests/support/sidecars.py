@@ -176,7 +176,7 @@ class SidecarProcess:
     def ready(self) -> bool:
         return http_get(self.url("/readyz"))[0] == 200
 
-    def wait_ready(self, timeout: float = 20) -> SidecarProcess:
+    def wait_ready(self, timeout: float = 60) -> SidecarProcess:
         wait_for(self.ready, timeout=timeout, what=f"{self.name} to be ready")
         return self
 
