@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import copy
-import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from schedlock import __version__
-from schedlock.operator.injection import DEFAULT_RESOURCES, InjectionConfig, parse_resources
+from schedlock.operator.injection import (
+    DEFAULT_RESOURCES,
+    DNS_SUBDOMAIN,
+    InjectionConfig,
+    SecretRef,
+    parse_resources,
+    parse_signing_secret,
+)
 from schedlock.settings import (
     SettingError,
     choice,
@@ -25,12 +31,11 @@ from schedlock.settings import (
 )
 
 DEFAULT_IMAGE = f"ghcr.io/schedlock/schedlock:{__version__}"
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 def dns_subdomain(raw: str) -> str:
     value = raw.strip()
-    if not _SUBDOMAIN.match(value):
+    if not DNS_SUBDOMAIN.fullmatch(value):
         raise ValueError(f"must be a Kubernetes object name (DNS subdomain), got {raw!r}")
     return value
 
@@ -129,6 +134,15 @@ class OperatorSettings:
         parse=parse_resources,
         unit="json",
     )
+    sidecar_signing_secret: SecretRef | None = setting(
+        env="SCHEDLOCK_SIDECAR_SIGNING_SECRET",
+        help="Secret in each app namespace whose key signs the injected sidecars' deliveries, "
+        "as NAME or NAME/KEY (KEY defaults to signing-secret); empty: no signing. A pod's "
+        "schedlock.dev/signing-secret annotation overrides it (empty: off for that pod)",
+        default=None,
+        parse=parse_signing_secret,
+        unit="secret",
+    )
     sweep_seconds: float = setting(
         env="SCHEDLOCK_SYNC_SWEEP_SECONDS",
         help="how often the status sync re-reads changed rows (repairs lost notifications)",
@@ -192,4 +206,5 @@ class OperatorSettings:
             database_secret_key=self.sidecar_database_secret_key,
             lease_seconds=self.sidecar_lease_seconds,
             resources=self.sidecar_resources or copy.deepcopy(DEFAULT_RESOURCES),
+            signing_secret=self.sidecar_signing_secret,
         )

@@ -19,10 +19,11 @@ import signal
 import sys
 
 from schedlock import logs
+from schedlock.probes import serve
 from schedlock.settings import add_arguments, build
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
-from schedlock.sidecar.http import build_app, serve
+from schedlock.sidecar.http import build_app
 from schedlock.sidecar.lock import FATAL, KeyElector, first_leaf
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
@@ -102,7 +103,9 @@ class Sidecar:
         delay = 0.5
         while not self.stopping.is_set():
             try:
-                await ensure_schema(self.store, migrate=self.settings.migrate == "auto")
+                await ensure_schema(
+                    self.store, migrate=self.settings.migrate == "auto", component="sidecar"
+                )
                 self.schema_ok = True
                 self.metrics.database_up.set(1)
                 return True

@@ -16,6 +16,7 @@ from typing import Protocol
 from schedlock.store.errors import (
     LeadershipLost,
     LockKeyCollision,
+    MissingPrivileges,
     SchemaError,
     SchemaNotCurrent,
     SchemaTooNew,
@@ -60,6 +61,7 @@ __all__ = [
     "LockKey",
     "LockKeyCollision",
     "LockSession",
+    "MissingPrivileges",
     "PublishRecord",
     "PublishSpec",
     "ScheduleRecord",
@@ -122,6 +124,7 @@ class Store(Protocol):
     async def migrate(self) -> list[int]: ...
     async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]: ...
     async def schema_status(self) -> SchemaStatus: ...
+    async def missing_privileges(self, component: str) -> tuple[str, list[str]]: ...
     def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> LockSession: ...
     async def listen(
         self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
@@ -135,10 +138,12 @@ class Store(Protocol):
     async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]: ...
 
 
-async def ensure_schema(store: Store, *, migrate: bool) -> None:
-    """Migrate when asked, then require the schema this binary knows (never a newer one).
+async def ensure_schema(store: Store, *, migrate: bool, component: str | None = None) -> None:
+    """Migrate when asked, then require the schema this binary knows (never a newer one) and,
+    for a ``component`` (``sidecar`` or ``operator``), every privilege it needs.
 
-    Raises SchemaTooNew or SchemaNotCurrent (or StoreUnavailable): callers retry and report.
+    Raises SchemaTooNew, SchemaNotCurrent, MissingPrivileges (or StoreUnavailable): callers
+    retry and report.
     """
     if migrate:
         await store.migrate()
@@ -150,6 +155,13 @@ async def ensure_schema(store: Store, *, migrate: bool) -> None:
             f"schema at migration {status.current}, {status.latest} needed: "
             "run `schedlock migrate` with the owner role"
         )
+    if component is not None:
+        role, missing = await store.missing_privileges(component)
+        if missing:
+            raise MissingPrivileges(
+                f"role {role!r} lacks {', '.join(missing)}: as the schema owner run "
+                f"`schedlock migrate --grant-{component} {role}`"
+            )
 
 
 def open_store(url: str, *, application_name: str = "schedlock") -> Store:

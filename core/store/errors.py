@@ -30,6 +30,10 @@ class SchemaNotCurrent(SchemaError):
     """Migrations this binary needs have not run yet."""
 
 
+class MissingPrivileges(StoreError):
+    """The database role lacks a privilege its component needs (it was never granted)."""
+
+
 class UnsafeConnection(StoreError):
     """Session affinity is not guaranteed (a transaction-mode pooler): we would run unguarded."""
 

@@ -75,6 +75,7 @@ OPERATOR_GRANTS = (
     ("SELECT", ("TABLE schedlock_terms", "TABLE schedlock_migrations")),
     ("USAGE", ("SEQUENCE schedlock_publishes_id_seq", "SEQUENCE schedlock_schedules_id_seq")),
 )
+GRANTS = {"sidecar": SIDECAR_GRANTS, "operator": OPERATOR_GRANTS}
 AFFINITY_PROBES = 1  # each probe is one more server connection for a moment
 _AFFINITY_LOCKS: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
@@ -409,18 +410,65 @@ class HeldLock:
             await asyncio.wait_for(self._conn.close(), 2)
 
 
+class SessionPool:
+    """At most ``size`` admin sessions, reused: a burst of upserts waits for a free session
+    instead of opening one connection each (and running the server out of connections).
+
+    Idle sessions are kept; one that is broken or not idle when returned is closed.  Opening
+    a session goes through :func:`connect`, so failures keep the server's own message.
+    """
+
+    def __init__(self, url: str, application_name: str, size: int) -> None:
+        self.url = url
+        self.application_name = application_name
+        self.size = size
+        self._idle: list[Conn] = []
+        self._slots = asyncio.Semaphore(size)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[tuple[Conn, bool]]:
+        """A session and whether it was reused (it may have died while idle)."""
+        async with self._slots:
+            reused = bool(self._idle)
+            conn = (
+                self._idle.pop()
+                if reused
+                else await connect(self.url, application_name=self.application_name)
+            )
+            try:
+                yield conn, reused
+            finally:
+                idle = psycopg.pq.TransactionStatus.IDLE
+                if not conn.closed and conn.info.transaction_status == idle:
+                    self._idle.append(conn)
+                else:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.close(), 2)
+
+    async def close(self) -> None:
+        """Close the idle sessions (sessions in use close when returned, if broken)."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)
+
+
 class PostgresStore:
     """Admin verbs (migrate, upsert, cancel, status) and the factory for lock sessions."""
 
     dialect = "postgres"
     always_leader = False
 
-    def __init__(self, url: str, *, application_name: str = "schedlock") -> None:
+    def __init__(
+        self, url: str, *, application_name: str = "schedlock", pool_size: int = 0
+    ) -> None:
         self.url = url
         self.application_name = application_name
+        self.pool = SessionPool(url, application_name, pool_size) if pool_size > 0 else None
 
     async def close(self) -> None:
-        return None
+        if self.pool is not None:
+            await self.pool.close()
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Conn]:
@@ -430,10 +478,32 @@ class PostgresStore:
         finally:
             await conn.close()
 
-    async def _run(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        async def run() -> T:
+    async def _run(self, fn: Callable[[Conn], Awaitable[T]], *, pooled: bool = True) -> T:
+        """Run ``fn`` on a session: a pooled one when this store has a pool, else a new one.
+
+        Every verb run this way is idempotent (upserts keyed by uid + generation, cancels,
+        reads), so a pooled session that turns out dead (the server restarted while it idled)
+        is retried once on a fresh one instead of failing the caller.
+        """
+
+        async def direct() -> T:
             async with self._connection() as conn:
                 return await fn(conn)
+
+        if self.pool is None or not pooled:
+            return await _guard(direct())
+        pool = self.pool
+
+        async def run() -> T:
+            for last in (False, True):
+                async with pool.session() as (conn, reused):
+                    try:
+                        return await fn(conn)
+                    except psycopg.OperationalError:
+                        if last or not reused or not conn.closed:
+                            raise
+                await pool.close()  # the server went away: every idle session is dead too
+            raise AssertionError("unreachable")
 
         return await _guard(run())
 
@@ -486,7 +556,7 @@ class PostgresStore:
                 if not released or not released["released"]:
                     raise UnlockFailed("the migration lock was not held when releasing it")
 
-        return await self._run(run)
+        return await self._run(run, pooled=False)  # holds a session-level lock
 
     async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
         """Grant the least privileges each runtime role needs (run as the schema owner).
@@ -516,6 +586,40 @@ class PostgresStore:
                             )
                 done.append(role)
             return done
+
+        return await self._run(run)
+
+    async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
+        """The connected role and which of ``component``'s grants it lacks (e.g.
+        ``INSERT on schedlock_publishes``); owners and superusers lack none."""
+        checks = [
+            (privilege, kind, name)
+            for privileges, objects in GRANTS[component]
+            for obj in objects
+            for kind, name in [obj.split(" ", 1)]
+            for privilege in privileges.split(", ")
+        ]
+        probes = sql.SQL(", ").join(
+            sql.SQL("{}({}, {})").format(
+                sql.Identifier(f"has_{kind.lower()}_privilege"),
+                sql.Literal(name),
+                sql.Literal(privilege),
+            )
+            for privilege, kind, name in checks
+        )
+
+        async def run(conn: Conn) -> tuple[str, list[str]]:
+            cur = await conn.execute(
+                sql.SQL("SELECT current_user AS role, ARRAY[{}] AS granted").format(probes)
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            missing = [
+                f"{privilege} on {name}"
+                for (privilege, _, name), ok in zip(checks, row["granted"], strict=True)
+                if not ok
+            ]
+            return str(row["role"]), missing
 
         return await self._run(run)
 

@@ -308,6 +308,9 @@ class SqliteStore:
     async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
         raise StoreError("SQLite has no roles: grants need PostgreSQL")
 
+    async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
+        return "", []  # SQLite has no roles: the file's permissions are the only guard
+
     async def schema_status(self) -> SchemaStatus:
         def run(c: sqlite3.Connection) -> int:
             exists = c.execute(

@@ -21,6 +21,9 @@ from schedlock.store import (
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 from schedlock.store.migrations import migrations
 
+from tests.support.pg_fixtures import PostgresService
+from tests.support.sidecars import wait_for
+
 KEY = LockKey("publish", "default", "demo")
 
 
@@ -304,6 +307,18 @@ def test_runtime_roles_have_no_ddl_and_only_their_privileges(migrated_database: 
     asyncio.run(
         open_store(as_role(migrated_database, OPERATOR_ROLE)).upsert_publish(spec(uid="r1"))
     )
+    # Each granted role lacks nothing its component needs; the owner lacks nothing at all.
+    for component, role in (("sidecar", SIDECAR_ROLE), ("operator", OPERATOR_ROLE)):
+        store = open_store(as_role(migrated_database, role))
+        assert asyncio.run(store.missing_privileges(component)) == (role, [])
+    owner = open_store(migrated_database)
+    assert asyncio.run(owner.missing_privileges("operator"))[1] == []
+    # The sidecar role is not enough for the operator, and the check names what is missing.
+    sidecar_as_operator = open_store(as_role(migrated_database, SIDECAR_ROLE))
+    _, missing = asyncio.run(sidecar_as_operator.missing_privileges("operator"))
+    assert "INSERT on schedlock_schedules" in missing
+    assert "USAGE on schedlock_schedules_id_seq" in missing
+    assert "SELECT on schedlock_publishes" not in missing
     # A runtime role cannot run a pending migration: it is told so (the owner must migrate).
     with psycopg.connect(migrated_database, autocommit=True) as conn:
         conn.execute(
@@ -314,3 +329,42 @@ def test_runtime_roles_have_no_ddl_and_only_their_privileges(migrated_database: 
 
     with pytest.raises(StoreError, match="permission denied"):
         asyncio.run(open_store(as_role(migrated_database, SIDECAR_ROLE)).migrate())
+
+
+def test_a_pooled_store_bounds_its_sessions_and_survives_their_death(
+    migrated_database: str, postgres: PostgresService
+) -> None:
+    from schedlock.store.postgres import PostgresStore
+
+    store = PostgresStore(migrated_database, application_name="pool-test", pool_size=3)
+
+    async def burst(first: int) -> None:
+        await asyncio.gather(*(store.upsert_publish(spec(uid=f"p{first + n}")) for n in range(40)))
+
+    async def run() -> None:
+        await burst(0)
+        # 40 concurrent upserts went through at most 3 sessions, kept open for the next ones
+        assert 1 <= len(postgres.backends(migrated_database, "pool-test")) <= 3
+        for pid in postgres.backends(migrated_database, "pool-test"):
+            assert postgres.terminate_backend(pid)  # as a server restart would
+        wait_for(lambda: not postgres.backends(migrated_database, "pool-test"), what="the ends")
+        await burst(40)  # dead idle sessions are replaced, not reported to the caller
+        assert 1 <= len(postgres.backends(migrated_database, "pool-test")) <= 3
+        await store.close()
+
+    asyncio.run(run())
+    with psycopg.connect(migrated_database) as conn:
+        count = conn.execute("SELECT count(*) FROM schedlock_publishes").fetchone()
+    assert count == (80,)
+    wait_for(lambda: not postgres.backends(migrated_database, "pool-test"), what="closed pool")
+
+
+def test_a_pooled_store_reports_the_servers_own_refusal(migrated_database: str) -> None:
+    from schedlock.store import StoreUnavailable
+    from schedlock.store.postgres import PostgresStore
+
+    from tests.support.pg_fixtures import as_role
+
+    store = PostgresStore(as_role(migrated_database, "nobody_here"), pool_size=2)
+    with pytest.raises(StoreUnavailable, match='role "nobody_here" does not exist'):
+        asyncio.run(store.upsert_publish(spec()))
