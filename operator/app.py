@@ -11,40 +11,118 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
+from collections.abc import Iterator
 
 import kopf
 from schedlock.operator.handlers import build_registry, configure
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
-from schedlock.store import SchemaNotCurrent, StoreError, StoreUnavailable, ensure_schema
+from schedlock.probes import health_app, serve
+from schedlock.store import SchemaTooNew, StoreError, StoreUnavailable, ensure_schema
 from schedlock.store.postgres import PostgresStore
 
 log = logging.getLogger("schedlock.operator")
 EXIT_FATAL = 1
+ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts (kopf runs 8 workers)
 
 
-async def wait_for_schema(store: PostgresStore, settings: OperatorSettings) -> None:
+class Readiness:
+    """What ``/readyz`` says: not ready (and why) until the schema is usable and kopf runs."""
+
+    def __init__(self) -> None:
+        self.reason = "starting"
+        self.kopf_ready = asyncio.Event()
+        self.schema_ok = False
+
+    def __call__(self) -> tuple[bool, str]:
+        if not self.schema_ok:
+            return False, f"database not ready: {self.reason}"
+        if not self.kopf_ready.is_set():
+            return False, "starting the Kubernetes watches"
+        return True, "ready"
+
+
+async def wait_for_schema(
+    store: PostgresStore, settings: OperatorSettings, readiness: Readiness, stopping: asyncio.Event
+) -> bool:
+    """Retry with backoff until the schema is current and the role has its privileges.
+
+    A database that is down, a schema not migrated yet or newer than this binary, missing
+    privileges: each keeps the operator up and not ready with the reason on ``/readyz`` —
+    no crash loop, and recovery without a restart once it is fixed.  False when stopped.
+    """
     delay = 0.5
-    while True:
+    while not stopping.is_set():
         try:
-            await ensure_schema(store, migrate=settings.migrate == "auto")
-            return
-        except (StoreUnavailable, SchemaNotCurrent) as exc:
+            await ensure_schema(store, migrate=settings.migrate == "auto", component="operator")
+            readiness.schema_ok = True
+            return True
+        except SchemaTooNew as exc:
+            readiness.reason = str(exc)
+            log.error("database schema is newer than this binary", extra={"error": str(exc)})
+        except StoreUnavailable as exc:
+            readiness.reason = str(exc)
             log.warning(
                 "database not ready, retrying", extra={"error": str(exc), "retry_in_s": delay}
             )
-        await asyncio.sleep(delay)
+        except StoreError as exc:
+            readiness.reason = str(exc)
+            log.warning(
+                "database not usable yet, retrying", extra={"error": str(exc), "retry_in_s": delay}
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), delay)
         delay = min(delay * 2, 10.0)
+    return False
+
+
+@contextlib.contextmanager
+def signals_stop(stopping: asyncio.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT end the wait for the database (kopf installs its own handlers later)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 async def run(settings: OperatorSettings) -> int:
-    store = PostgresStore(settings.database_url, application_name=settings.holder_name)
+    store = PostgresStore(
+        settings.database_url, application_name=settings.holder_name, pool_size=ADMIN_POOL_SIZE
+    )
+    readiness = Readiness()
+    stopping = asyncio.Event()
     try:
-        await wait_for_schema(store, settings)
-    except StoreError as exc:
-        print(f"schedlock operator: error: {exc}", file=sys.stderr)
+        runner, _ = await serve(health_app(readiness), "0.0.0.0", settings.health_port)
+    except OSError as exc:
+        print(
+            f"schedlock operator: error: cannot serve /healthz on port {settings.health_port}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return EXIT_FATAL
+    try:
+        with signals_stop(stopping):
+            if not await wait_for_schema(store, settings, readiness, stopping):
+                log.info("operator stopped before the database was ready")
+                return 0
+        return await run_kopf(store, settings, readiness, stopping)
+    finally:
+        await runner.cleanup()
+        await store.close()
+
+
+async def run_kopf(
+    store: PostgresStore,
+    settings: OperatorSettings,
+    readiness: Readiness,
+    stopping: asyncio.Event,
+) -> int:
     kopf_settings = kopf.OperatorSettings()
     configure(kopf_settings)
     if settings.webhook_enabled:
@@ -59,7 +137,6 @@ async def run(settings: OperatorSettings) -> int:
         validate=settings.webhook_enabled,
         injection=settings.injection if settings.webhook_enabled else None,
     )
-    stopping = asyncio.Event()
     sync = StatusSync(
         store, None, sweep_seconds=settings.sweep_seconds, holder=settings.holder_name
     )
@@ -79,7 +156,7 @@ async def run(settings: OperatorSettings) -> int:
             standalone=True,
             clusterwide=not settings.watch_namespaces,
             namespaces=settings.watch_namespaces,
-            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
+            ready_flag=readiness.kopf_ready,
         )
     except kopf.LoginError as exc:
         print(f"schedlock operator: error: cannot log in to Kubernetes: {exc}", file=sys.stderr)

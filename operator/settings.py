@@ -67,7 +67,7 @@ class OperatorSettings:
     )
     health_port: int = setting(
         env="SCHEDLOCK_HEALTH_PORT",
-        help="port of the liveness endpoint /healthz",
+        help="port of /healthz (alive) and /readyz (ready: database usable, watches running)",
         default=8080,
         parse=integer(1, 65535),
         unit="port",

@@ -1,0 +1,121 @@
+"""The operator with a broken database: up, not ready with the reason, recovering by itself.
+
+A schema newer than the binary, a role missing privileges, a database that is not there yet:
+the operator keeps serving /healthz (no crash loop, no restart), /readyz answers 503 with the
+reason, and once the problem is fixed it starts its watches and does its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from pathlib import Path
+
+import psycopg
+from schedlock.store import open_store
+
+from tests.support.kube import KubeAPIServer
+from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
+from tests.support.pg_fixtures import PostgresService, as_role, with_dbname
+from tests.support.sidecars import http_get, wait_for
+
+
+def start_operator(tmp_path: Path, kube: KubeAPIServer, url: str) -> OperatorProcess:
+    install_crd(kube)
+    return OperatorProcess(
+        tmp_path / "operator",
+        url,
+        operator_kubeconfig(kube),
+        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+    ).start()
+
+
+def readyz(operator: OperatorProcess) -> tuple[int, str]:
+    return http_get(f"http://127.0.0.1:{operator.health_port}/readyz")
+
+
+def wait_not_ready(operator: OperatorProcess, words: str) -> str:
+    def check() -> str | None:
+        status, reason = readyz(operator)
+        return reason if status == 503 and words in reason else None
+
+    reason: str = wait_for(check, timeout=30, what=f"/readyz to say {words!r}")
+    assert operator.alive(), operator.log_text()
+    assert http_get(f"http://127.0.0.1:{operator.health_port}/healthz")[0] == 200
+    return reason
+
+
+def works_after_recovery(operator: OperatorProcess, kube: KubeAPIServer, url: str, ns: str) -> None:
+    wait_for(lambda: readyz(operator)[0] == 200, timeout=60, what="/readyz 200 after the fix")
+    name = f"after-fix-{uuid.uuid4().hex[:6]}"
+    kube.apply(
+        {
+            "apiVersion": "schedlock.dev/v1",
+            "kind": "ScheduledPublish",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"target": "demo", "publishAt": "2099-01-01T00:00:00Z"},
+        }
+    )
+
+    def row_exists() -> bool:
+        with psycopg.connect(url, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM schedlock_publishes WHERE namespace = %s AND name = %s", (ns, name)
+            ).fetchone()
+        return found is not None
+
+    wait_for(row_exists, timeout=30, what="the object's row after the recovery")
+
+
+def test_schema_newer_than_the_operator_is_refused_until_fixed(
+    tmp_path: Path, kube: KubeAPIServer, migrated_database: str, kube_namespace: str
+) -> None:
+    with psycopg.connect(migrated_database, autocommit=True) as conn:
+        conn.execute("INSERT INTO schedlock_migrations (id, name) VALUES (999, 'from_the_future')")
+    operator = start_operator(tmp_path, kube, migrated_database)
+    try:
+        reason = wait_not_ready(operator, "upgrade schedlock")
+        assert reason.startswith("database not ready: the database schema is at migration 999")
+        with psycopg.connect(migrated_database, autocommit=True) as conn:
+            conn.execute("DELETE FROM schedlock_migrations WHERE id = 999")
+        works_after_recovery(operator, kube, migrated_database, kube_namespace)
+    finally:
+        operator.stop()
+    assert operator.process is not None and operator.process.returncode == 0
+
+
+def test_missing_privileges_are_named_until_granted(
+    tmp_path: Path,
+    kube: KubeAPIServer,
+    postgres: PostgresService,
+    migrated_database: str,
+    kube_namespace: str,
+) -> None:
+    role = f"op_{uuid.uuid4().hex[:8]}"
+    postgres.execute(f'CREATE ROLE "{role}" LOGIN')
+    with psycopg.connect(migrated_database, autocommit=True) as conn:
+        # enough to read the schema version, not enough to write a row
+        conn.execute(f'GRANT SELECT ON schedlock_migrations, schedlock_publishes TO "{role}"')
+    operator = start_operator(tmp_path, kube, as_role(migrated_database, role))
+    try:
+        reason = wait_not_ready(operator, "lacks")
+        assert f"role '{role}' lacks INSERT on schedlock_publishes, UPDATE on" in reason, reason
+        assert "SELECT on schedlock_publishes" not in reason
+        assert f"schedlock migrate --grant-operator {role}" in reason
+        asyncio.run(open_store(migrated_database).grant(sidecar_role=None, operator_role=role))
+        works_after_recovery(operator, kube, migrated_database, kube_namespace)
+    finally:
+        operator.stop()
+
+
+def test_sigterm_while_waiting_for_the_database_exits_cleanly(
+    tmp_path: Path, kube: KubeAPIServer, postgres: PostgresService
+) -> None:
+    missing = with_dbname(postgres.admin_url, f"nope_{uuid.uuid4().hex[:6]}")
+    operator = start_operator(tmp_path, kube, missing)
+    wait_not_ready(operator, "does not exist")
+    assert operator.process is not None
+    operator.process.send_signal(signal.SIGTERM)
+    assert operator.process.wait(10) == 0
+    assert "operator stopped before the database was ready" in operator.log_text()
