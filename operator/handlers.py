@@ -15,12 +15,7 @@ from typing import Any
 import kopf
 from schedlock.operator import mapping
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
-from schedlock.operator.injection import (
-    ANNOTATION_INJECT,
-    InjectionConfig,
-    inject_pod,
-    wants_sidecar,
-)
+from schedlock.operator.injection import InjectionConfig, inject_pod, refusal
 from schedlock.store import PublishSpec, Store, StoreError, StoreUnavailable
 
 RETRIES = 20
@@ -135,15 +130,16 @@ def build_registry(
         @kopf.on.mutate("", "v1", "pods", registry=registry, id="inject", operations=["CREATE"])
         def inject(body: kopf.Body, patch: kopf.Patch, warnings: list[str], **_: Any) -> None:
             metadata, spec = dict(body.get("metadata") or {}), dict(body.get("spec") or {})
-            decision = wants_sidecar(metadata)
-            if not decision.inject:
-                if metadata.get("annotations", {}).get(ANNOTATION_INJECT):
-                    warnings.append(f"schedlock: {decision.reason}")
+            problem = refusal(metadata, injection)
+            if problem is not None:
+                warnings.append(f"schedlock: {problem}")
                 return
             changed = inject_pod(metadata, spec, injection)
             if changed is not None:
                 patch.metadata["labels"] = changed[0]["labels"]
                 patch.spec["initContainers"] = changed[1]["initContainers"]
+                if changed[1].get("volumes") != spec.get("volumes"):
+                    patch.spec["volumes"] = changed[1]["volumes"]  # the signing secret
 
     if validate:
 

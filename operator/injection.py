@@ -10,12 +10,26 @@ before the app, keeps running beside it, and stops after it. Its settings come f
 own namespace: the database URL from a Secret there (``schedlock-database``/``url`` unless the
 operator is told otherwise, or the annotation ``schedlock.dev/database-secret``), the namespace
 and holder from the downward API.
+
+Signing is opt-in: the annotation ``schedlock.dev/signing-secret: NAME`` (or ``NAME/KEY``; KEY
+defaults to ``signing-secret``), else the operator's default, names a Secret in the pod's
+namespace holding the HMAC key. The sidecar alone mounts that one key read-only from a secret
+volume and reads it from ``SCHEDLOCK_SIGNING_SECRET_FILE``; the secret value never appears in
+a manifest or an annotation, only the Secret's name. An empty annotation turns the operator's
+default off for that pod. A malformed value is never half-applied: the pod is not injected and
+the reason comes back as a warning.
+
+Invariants: the input is never mutated; a pod that already has the ``schedlock`` container is
+returned unchanged (re-injection is a no-op); names the injector adds never collide with the
+pod's own.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +40,7 @@ ANNOTATION_INJECT = "schedlock.dev/inject"
 ANNOTATION_TARGET = "schedlock.dev/target"
 ANNOTATION_TARGET_URL = "schedlock.dev/target-url"
 ANNOTATION_DATABASE_SECRET = "schedlock.dev/database-secret"
+ANNOTATION_SIGNING_SECRET = "schedlock.dev/signing-secret"
 LABEL_INJECTED = "schedlock.dev/injected"
 CONTAINER_NAME = "schedlock"
 METRICS_PORT = 9090
@@ -36,6 +51,54 @@ DEFAULT_RESOURCES: dict[str, Any] = {
     "limits": {"memory": "128Mi"},
 }
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
+DEFAULT_SIGNING_SECRET_KEY = "signing-secret"
+SIGNING_VOLUME = "schedlock-signing-secret"
+SIGNING_SECRET_DIR = "/var/run/secrets/schedlock.dev/signing"
+# The file has this name whatever the Secret's key, so the sidecar's path never changes.
+SIGNING_SECRET_FILE_NAME = "signing-secret"
+SIGNING_SECRET_FILE = f"{SIGNING_SECRET_DIR}/{SIGNING_SECRET_FILE_NAME}"
+# A secret volume's files belong to root, and to the pod's fsGroup when it has one (the kubelet
+# then adds group read). The sidecar runs as 65532:65532, so without an fsGroup only "other"
+# read lets it open the file. Only the sidecar mounts the volume, so no other container sees it.
+SIGNING_FILE_MODE = 0o444
+SIGNING_FILE_MODE_WITH_FS_GROUP = 0o440
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# Used with fullmatch. A Secret key may not be "." nor start with "..", as the API server says.
+DNS_SUBDOMAIN = re.compile(rf"(?=.{{1,253}}\Z){_DNS_LABEL}(\.{_DNS_LABEL})*")
+SECRET_KEY = re.compile(r"(?=.{1,253}\Z)(?!\.\Z)(?!\.\.)[-._a-zA-Z0-9]+")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """One key of a Secret in the pod's own namespace."""
+
+    name: str
+    key: str = DEFAULT_SIGNING_SECRET_KEY
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.key}"
+
+
+def parse_signing_secret(raw: str) -> SecretRef | None:
+    """``NAME`` or ``NAME/KEY`` (KEY defaults to ``signing-secret``); blank means no signing."""
+    value = raw.strip()
+    if not value:
+        return None
+    name, slash, key = value.partition("/")
+    if not slash:
+        key = DEFAULT_SIGNING_SECRET_KEY
+    if not DNS_SUBDOMAIN.fullmatch(name):
+        raise ValueError(
+            f"must be NAME or NAME/KEY of a Secret; {name!r} is not a Secret name "
+            "(a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253)"
+        )
+    if not SECRET_KEY.fullmatch(key):
+        raise ValueError(
+            f"must be NAME or NAME/KEY of a Secret; {key!r} is not a Secret key "
+            "(letters, digits, '-', '_' and '.', at most 253)"
+        )
+    return SecretRef(name, key)
 
 
 @dataclass(frozen=True)
@@ -45,6 +108,8 @@ class InjectionConfig:
     database_secret_key: str = "url"
     lease_seconds: float = 10.0
     resources: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_RESOURCES))
+    signing_secret: SecretRef | None = None
+    """Signs the deliveries of every injected pod unless the pod's annotation says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +117,10 @@ class Decision:
     inject: bool
     reason: str
     target: str | None = None
+    signing_secret: SecretRef | None = None
 
 
-def wants_sidecar(metadata: Mapping[str, Any]) -> Decision:
+def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = None) -> Decision:
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
     if str(annotations.get(ANNOTATION_INJECT, "")).lower() != "true":
@@ -66,7 +132,26 @@ def wants_sidecar(metadata: Mapping[str, Any]) -> Decision:
             f"{ANNOTATION_INJECT} is set but the pod has neither a {ANNOTATION_TARGET} "
             "annotation nor an app.kubernetes.io/name label to name its target: not injected",
         )
-    return Decision(True, "opted in", str(target))
+    signing = config.signing_secret if config is not None else None
+    if ANNOTATION_SIGNING_SECRET in annotations:
+        try:
+            signing = parse_signing_secret(str(annotations[ANNOTATION_SIGNING_SECRET]))
+        except ValueError as exc:
+            return Decision(False, f"{ANNOTATION_SIGNING_SECRET} {exc}: not injected")
+    return Decision(True, "opted in", str(target), signing)
+
+
+def refusal(metadata: Mapping[str, Any], config: InjectionConfig) -> str | None:
+    """Why a pod that asks for the sidecar gets none (None: it gets one, or it did not ask).
+
+    The webhook returns it as an admission warning and ``schedlock inject`` prints it. Any value
+    of the inject annotation but "false" counts as asking, so a typo ("yes") is reported.
+    """
+    asked = str((metadata.get("annotations") or {}).get(ANNOTATION_INJECT, "false"))
+    if asked.lower() in ("", "false"):
+        return None
+    decision = wants_sidecar(metadata, config)
+    return None if decision.inject else decision.reason
 
 
 def restricted_security_context() -> dict[str, Any]:
@@ -124,11 +209,29 @@ def sidecar_container(
     }
 
 
+def signing_volume(secret: SecretRef, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A secret volume with only the signing key, named apart from the pod's own volumes."""
+    taken = {v.get("name") for v in spec.get("volumes") or []}
+    candidates = itertools.chain(
+        [SIGNING_VOLUME], (f"{SIGNING_VOLUME}-{n}" for n in itertools.count(2))
+    )
+    name = next(c for c in candidates if c not in taken)
+    has_fs_group = (spec.get("securityContext") or {}).get("fsGroup") is not None
+    return {
+        "name": name,
+        "secret": {
+            "secretName": secret.name,
+            "items": [{"key": secret.key, "path": SIGNING_SECRET_FILE_NAME}],
+            "defaultMode": SIGNING_FILE_MODE_WITH_FS_GROUP if has_fs_group else SIGNING_FILE_MODE,
+        },
+    }
+
+
 def inject_pod(
     metadata: Mapping[str, Any], spec: Mapping[str, Any], config: InjectionConfig
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """New (metadata, spec) with the sidecar, or None when nothing is to change."""
-    decision = wants_sidecar(metadata)
+    decision = wants_sidecar(metadata, config)
     if not decision.inject or decision.target is None:
         return None
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
@@ -136,17 +239,41 @@ def inject_pod(
         return None  # already injected (idempotent)
     new_spec = copy.deepcopy(dict(spec))
     sidecar = sidecar_container(config, decision.target, metadata.get("annotations") or {})
+    if decision.signing_secret is not None:
+        volume = signing_volume(decision.signing_secret, new_spec)
+        new_spec["volumes"] = [*(new_spec.get("volumes") or []), volume]
+        sidecar["volumeMounts"] = [
+            {"name": volume["name"], "mountPath": SIGNING_SECRET_DIR, "readOnly": True}
+        ]
+        sidecar["env"].append(
+            {"name": "SCHEDLOCK_SIGNING_SECRET_FILE", "value": SIGNING_SECRET_FILE}
+        )
     new_spec["initContainers"] = [*(new_spec.get("initContainers") or []), sidecar]
     new_meta = copy.deepcopy(dict(metadata))
     new_meta["labels"] = {**(new_meta.get("labels") or {}), LABEL_INJECTED: "true"}
     return new_meta, new_spec
 
 
-def inject_manifest(obj: dict[str, Any], config: InjectionConfig) -> dict[str, Any]:
-    """A Pod or a workload (its pod template) with the sidecar added where it opts in."""
+def inject_manifest(
+    obj: dict[str, Any], config: InjectionConfig, warnings: list[str] | None = None
+) -> dict[str, Any]:
+    """A Pod or a workload (its pod template) with the sidecar added where it opts in.
+
+    A pod template that asks for the sidecar but cannot have it adds ``Kind/name: reason`` to
+    ``warnings``.
+    """
     kind = obj.get("kind")
+
+    def inject(
+        metadata: Mapping[str, Any], spec: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        problem = refusal(metadata, config)
+        if problem is not None and warnings is not None:
+            warnings.append(f"{kind}/{(obj.get('metadata') or {}).get('name')}: {problem}")
+        return inject_pod(metadata, spec, config)
+
     if kind == "Pod":
-        changed = inject_pod(obj.get("metadata") or {}, obj.get("spec") or {}, config)
+        changed = inject(obj.get("metadata") or {}, obj.get("spec") or {})
         if changed:
             obj = {**obj, "metadata": changed[0], "spec": changed[1]}
         return obj
@@ -161,7 +288,7 @@ def inject_manifest(obj: dict[str, Any], config: InjectionConfig) -> dict[str, A
     holder: dict[str, Any] = result
     for key in template_path:
         holder = holder.setdefault(key, {})
-    changed = inject_pod(holder.get("metadata") or {}, holder.get("spec") or {}, config)
+    changed = inject(holder.get("metadata") or {}, holder.get("spec") or {})
     if changed:
         holder["metadata"], holder["spec"] = changed
     return result

@@ -1,31 +1,50 @@
-"""Sidecar injection (pure): who opts in, what is added, idempotence, workloads."""
+"""Sidecar injection (pure): who opts in, what is added, idempotence, workloads, signing."""
 
 from __future__ import annotations
 
+import io
+import re
+import sys
 from typing import Any
 
 import pytest
+import yaml
+from schedlock.cli import main
 from schedlock.operator.injection import (
     CONTAINER_NAME,
     LABEL_INJECTED,
     InjectionConfig,
+    SecretRef,
     inject_manifest,
     inject_pod,
+    parse_signing_secret,
+    refusal,
     wants_sidecar,
 )
+from schedlock.operator.settings import OperatorSettings
+from schedlock.settings import SettingError, build
 
 CONFIG = InjectionConfig(image="example/schedlock:1.2.3")
+SIGNING = "schedlock.dev/signing-secret"
 
 
 def pod(
-    annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    **spec: Any,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "app-1", "annotations": annotations or {}, "labels": labels or {}},
-        "spec": {"containers": [{"name": "app", "image": "app:1"}]},
+        "spec": {"containers": [{"name": "app", "image": "app:1"}], **spec},
     }
+
+
+def opted_in(**annotations: str) -> dict[str, Any]:
+    """A pod that asks for the sidecar, with extra annotations (``signing`` is the signing one)."""
+    extra = {SIGNING if k == "signing" else k: v for k, v in annotations.items()}
+    return pod({"schedlock.dev/inject": "true", **extra}, {"app.kubernetes.io/name": "billing"})
 
 
 def test_opt_in_by_annotation_with_target_from_annotation_or_label() -> None:
@@ -105,3 +124,152 @@ def test_workload_templates_are_injected(kind: str) -> None:
     )
     assert holder["spec"]["initContainers"][0]["name"] == CONTAINER_NAME
     assert "initContainers" not in template["spec"]  # the input is not mutated
+
+
+# --------------------------------------------------------------------------- signing secret
+
+
+def injected(p: dict[str, Any], config: InjectionConfig = CONFIG) -> dict[str, Any]:
+    changed = inject_pod(p["metadata"], p["spec"], config)
+    assert changed is not None
+    return changed[1]
+
+
+def sidecar_of(spec: dict[str, Any]) -> dict[str, Any]:
+    [sidecar] = [c for c in spec["initContainers"] if c["name"] == CONTAINER_NAME]
+    return sidecar
+
+
+def signing_file(sidecar: dict[str, Any]) -> str | None:
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    return env.get("SCHEDLOCK_SIGNING_SECRET_FILE")
+
+
+def signing_secret(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``secret`` of the volume the sidecar mounts, or None when it mounts none."""
+    mounts = sidecar_of(spec).get("volumeMounts") or []
+    if not mounts:
+        return None
+    [mount] = mounts
+    [volume] = [v for v in spec.get("volumes") or [] if v["name"] == mount["name"]]
+    return dict(volume["secret"])
+
+
+def test_signing_secret_annotation_mounts_one_key_read_only_for_the_sidecar_alone() -> None:
+    spec = injected(opted_in(signing="billing-hmac"))
+    sidecar = sidecar_of(spec)
+    [mount] = sidecar["volumeMounts"]
+    assert mount["readOnly"] is True
+    assert mount["mountPath"] == "/var/run/secrets/schedlock.dev/signing"
+    assert signing_file(sidecar) == "/var/run/secrets/schedlock.dev/signing/signing-secret"
+    assert signing_secret(spec) == {
+        "secretName": "billing-hmac",
+        "items": [{"key": "signing-secret", "path": "signing-secret"}],  # the default key
+        "defaultMode": 0o444,  # root-owned without fsGroup: uid 65532 reads it as "other"
+    }
+    assert spec["containers"] == [{"name": "app", "image": "app:1"}]  # the app mounts nothing
+
+    with_key = signing_secret(injected(opted_in(signing="billing-hmac/hmac.key")))
+    assert with_key is not None and with_key["items"] == [
+        {"key": "hmac.key", "path": "signing-secret"}
+    ]
+    # With an fsGroup the kubelet gives the files to that group, which the sidecar is in.
+    grouped = opted_in(signing="billing-hmac")
+    grouped["spec"]["securityContext"] = {"fsGroup": 2000}
+    assert (signing_secret(injected(grouped)) or {})["defaultMode"] == 0o440
+
+
+def test_no_signing_unless_asked() -> None:
+    spec = injected(opted_in())
+    assert "volumes" not in spec
+    assert "volumeMounts" not in sidecar_of(spec) and signing_file(sidecar_of(spec)) is None
+
+
+def test_signing_secret_default_from_the_operator_and_the_annotation_overrides_it() -> None:
+    config = InjectionConfig(signing_secret=SecretRef("cluster-hmac", "k"))
+    assert (signing_secret(injected(opted_in(), config)) or {})["secretName"] == "cluster-hmac"
+    own = signing_secret(injected(opted_in(signing="own-hmac"), config)) or {}
+    assert own["secretName"] == "own-hmac"
+    assert own["items"][0]["key"] == "signing-secret"  # the annotation's own default key
+    off = injected(opted_in(signing=""), config)  # an empty annotation opts this pod out
+    assert signing_secret(off) is None and signing_file(sidecar_of(off)) is None
+
+
+def test_operator_setting_and_its_one_line_error() -> None:
+    url = {"SCHEDLOCK_DATABASE_URL": "postgresql://u@db/app"}
+    unset = build(OperatorSettings, None, url)
+    assert unset.injection.signing_secret is None
+    empty = build(OperatorSettings, None, {**url, "SCHEDLOCK_SIDECAR_SIGNING_SECRET": ""})
+    assert empty.injection.signing_secret is None  # what the chart sets by default
+    settings = build(OperatorSettings, None, {**url, "SCHEDLOCK_SIDECAR_SIGNING_SECRET": "h/k"})
+    assert settings.injection.signing_secret == SecretRef("h", "k")
+    with pytest.raises(SettingError, match=r"SCHEDLOCK_SIDECAR_SIGNING_SECRET: .*not a Secret"):
+        build(OperatorSettings, None, {**url, "SCHEDLOCK_SIDECAR_SIGNING_SECRET": "H"})
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("Billing", "'Billing' is not a Secret name"),
+        ("billing_hmac", "is not a Secret name"),
+        ("-billing", "is not a Secret name"),
+        ("billing..hmac", "is not a Secret name"),
+        ("a" * 254, "is not a Secret name"),
+        ("billing/", "'' is not a Secret key"),
+        ("billing/a key", "'a key' is not a Secret key"),
+        ("billing/a/b", "'a/b' is not a Secret key"),
+        ("billing/..data", "is not a Secret key"),
+        ("billing/.", "is not a Secret key"),
+    ],
+)
+def test_bad_signing_secret_is_refused_with_the_reason(value: str, problem: str) -> None:
+    p = opted_in(signing=value)
+    decision = wants_sidecar(p["metadata"], CONFIG)
+    assert not decision.inject
+    assert decision.reason.startswith(f"{SIGNING} must be NAME or NAME/KEY of a Secret; ")
+    assert problem in decision.reason and decision.reason.endswith(": not injected")
+    assert refusal(p["metadata"], CONFIG) == decision.reason  # the webhook's warning
+    assert inject_pod(p["metadata"], p["spec"], CONFIG) is None  # never half-applied
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        parse_signing_secret(value)
+
+
+def test_refusal_speaks_only_for_pods_that_asked() -> None:
+    assert refusal(pod()["metadata"], CONFIG) is None
+    assert refusal(pod({"schedlock.dev/inject": "false"})["metadata"], CONFIG) is None
+    assert refusal(opted_in(signing="ok")["metadata"], CONFIG) is None
+    typo = refusal(pod({"schedlock.dev/inject": "yes"})["metadata"], CONFIG)
+    assert typo == 'no schedlock.dev/inject: "true" annotation'
+    nameless = refusal(pod({"schedlock.dev/inject": "true"})["metadata"], CONFIG)
+    assert nameless is not None and nameless.endswith("to name its target: not injected")
+
+
+def test_signing_injection_is_idempotent_and_never_collides() -> None:
+    p = opted_in(signing="billing-hmac")
+    p["spec"]["volumes"] = [
+        {"name": "schedlock-signing-secret", "emptyDir": {}},
+        {"name": "schedlock-signing-secret-2", "configMap": {"name": "x"}},
+    ]
+    meta, spec = inject_pod(p["metadata"], p["spec"], CONFIG) or ({}, {})
+    assert spec["volumes"][:2] == p["spec"]["volumes"]  # the app's volumes, untouched
+    assert [v["name"] for v in spec["volumes"]][2:] == ["schedlock-signing-secret-3"]
+    assert sidecar_of(spec)["volumeMounts"][0]["name"] == "schedlock-signing-secret-3"
+    assert inject_pod(meta, spec, CONFIG) is None  # already injected: nothing added twice
+    assert len(p["spec"]["volumes"]) == 2  # the input is not mutated
+
+
+def test_schedlock_inject_signs_and_warns_on_one_code_path(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, bad = opted_in(), opted_in(signing="Nope")
+    bad["metadata"]["name"] = "app-2"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump_all([good, bad])))
+    assert main(["inject", "--signing-secret", "cluster-hmac/k"]) == 0
+    out, err = capsys.readouterr()
+    signed, untouched = yaml.safe_load_all(out)
+    assert (signing_secret(signed["spec"]) or {})["secretName"] == "cluster-hmac"
+    assert "initContainers" not in untouched["spec"]
+    assert f"schedlock inject: warning: Pod/app-2: {SIGNING} must be NAME or NAME/KEY" in err
+    assert main(["inject", "--signing-secret", "a/b c"]) == 2
+    refused = capsys.readouterr().err
+    assert "--signing-secret: must be NAME or NAME/KEY of a Secret; 'b c'" in refused
