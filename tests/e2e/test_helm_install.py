@@ -94,6 +94,8 @@ def test_install_upgrade_uninstall(kube: KubeAPIServer, tmp_path: Path) -> None:
     namespace = f"sl-{uuid.uuid4().hex[:8]}"
     url = f"postgresql://schedlock:{SECRET_PASSWORD}@db.example:5432/app"
     _adopt_existing_crd(kube, release, namespace)
+    # The release namespace enforces (and warns about) Pod Security "restricted".
+    kube.apply(_restricted_namespace(namespace))
     installed = False
     try:
         install = helm(
@@ -102,12 +104,12 @@ def test_install_upgrade_uninstall(kube: KubeAPIServer, tmp_path: Path) -> None:
             CHART,
             "--namespace",
             namespace,
-            "--create-namespace",
             "--set",
             f"database.url={url}",
         )
         installed = True
         assert "STATUS: deployed" in install.stdout
+        assert "PodSecurity" not in install.stderr, install.stderr  # no "would violate" warning
         assert SECRET_PASSWORD not in install.stdout + install.stderr  # NOTES never print it
         assert "schedlock.dev/inject" in install.stdout  # the next steps are shown
         operator = "schedlock-operator"
@@ -134,6 +136,7 @@ def test_install_upgrade_uninstall(kube: KubeAPIServer, tmp_path: Path) -> None:
         deployment = _get(kube, "deployment", operator, namespace=namespace)
         assert deployment is not None
         assert deployment["spec"]["strategy"]["type"] == "Recreate"
+        _assert_admitted_as_a_pod(kube, deployment, namespace)
 
         tls = _get(kube, "secret", "schedlock-webhook-tls", namespace=namespace)
         assert tls is not None
@@ -184,6 +187,51 @@ def test_install_upgrade_uninstall(kube: KubeAPIServer, tmp_path: Path) -> None:
         if installed:
             helm("uninstall", release, "--namespace", namespace, check=False)
         kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _restricted_namespace(name: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {
+                f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")
+            }
+            | {"pod-security.kubernetes.io/enforce-version": "latest"},
+        },
+    }
+
+
+def _assert_admitted_as_a_pod(kube: KubeAPIServer, deployment: Manifest, namespace: str) -> None:
+    """No controller runs here, so no pod is ever made from the Deployment: create its pod
+    template as a Pod (server-side dry run, so admission runs in full and nothing is stored)."""
+    template = deployment["spec"]["template"]
+
+    def create(spec: Manifest) -> subprocess.CompletedProcess[str]:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"generateName": "operator-", "namespace": namespace},
+            "spec": spec,
+        }
+        return kube.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False
+        )
+
+    admitted = create(template["spec"])
+    assert admitted.returncode == 0, admitted.stderr
+    # The namespace really enforces the profile: without its security contexts it is refused.
+    careless = {
+        **template["spec"],
+        "securityContext": {},
+        "containers": [
+            {k: v for k, v in c.items() if k != "securityContext"}
+            for c in template["spec"]["containers"]
+        ],
+    }
+    refused = create(careless)
+    assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
 
 
 def _render(helm: Helm, release: str, namespace: str) -> list[Manifest]:
