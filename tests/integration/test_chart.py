@@ -136,6 +136,7 @@ def test_ci_values_cover_the_documented_cases() -> None:
         ("operator.logLevel=verbose", "at '/operator/logLevel': value must be one of"),
         ("operator.replicas=2", "at '/operator': additional properties 'replicas' not allowed"),
         ("injection.sidecar.leaseSeconds=1", "at '/injection/sidecar/leaseSeconds': minimum"),
+        ("injection.sidecar.signingSecret=App_Hmac", "at '/injection/sidecar/signingSecret'"),
         ("operator.syncSweepSeconds=7200", "at '/operator/syncSweepSeconds': maximum"),
         ("database.url=sqlite:///tmp/x.db", "at '/database/url'"),
         ("monitoring.podMonitor.portName=schedlock-metrics", "maxLength"),
@@ -414,6 +415,7 @@ def test_operator_env_maps_one_to_one_onto_its_settings() -> None:
         "SCHEDLOCK_SIDECAR_DATABASE_SECRET": "schedlock-database",
         "SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY": "url",
         "SCHEDLOCK_SIDECAR_LEASE_SECONDS": "10",
+        "SCHEDLOCK_SIDECAR_SIGNING_SECRET": "",  # no signing unless a pod asks
         "SCHEDLOCK_SIDECAR_RESOURCES": json.dumps(
             {"limits": {"memory": "128Mi"}, "requests": {"cpu": "10m", "memory": "48Mi"}},
             separators=(",", ":"),
@@ -429,6 +431,7 @@ def test_all_features_env() -> None:
     assert env["SCHEDLOCK_SIDECAR_DATABASE_SECRET"]["value"] == "app-database"
     assert env["SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY"]["value"] == "dsn"
     assert env["SCHEDLOCK_SIDECAR_LEASE_SECONDS"]["value"] == "6"
+    assert env["SCHEDLOCK_SIDECAR_SIGNING_SECRET"]["value"] == "app-signing/hmac"
     assert json.loads(env["SCHEDLOCK_SIDECAR_RESOURCES"]["value"]) == {
         "requests": {"cpu": "20m", "memory": "64Mi"},
         "limits": {"memory": "160Mi"},
