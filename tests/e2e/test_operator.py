@@ -359,6 +359,27 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
     untouched = create("plain", {})
     assert "initContainers" not in untouched["spec"]
     assert "schedlock.dev/injected" not in untouched["metadata"].get("labels", {})
+    # A malformed signing Secret is never half-applied: no sidecar, and kubectl shows why.
+    malformed = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "bad-signing-secret",
+            "namespace": NAMESPACE,
+            "annotations": {
+                "schedlock.dev/inject": "true",
+                "schedlock.dev/signing-secret": "Billing_HMAC",
+            },
+            "labels": {"app.kubernetes.io/name": "billing"},
+        },
+        "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
+    }
+    out = stack.kube.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(malformed))
+    assert "initContainers" not in json.loads(out.stdout)["spec"]
+    assert (
+        "Warning: schedlock: schedlock.dev/signing-secret must be NAME or NAME/KEY of a Secret; "
+        "'Billing_HMAC' is not a Secret name"
+    ) in out.stderr, out.stderr
 
 
 def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) -> None:
@@ -394,6 +415,9 @@ def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) ->
         },
     }
 
+    # The app has a volume of its own, named like the one the injector adds for the signing key.
+    own_volume = {"name": "schedlock-signing-secret", "emptyDir": {}}
+
     def create(name: str, container: dict[str, Any]) -> Any:
         pod = {
             "apiVersion": "v1",
@@ -401,10 +425,13 @@ def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) ->
             "metadata": {
                 "name": name,
                 "namespace": namespace,
-                "annotations": {"schedlock.dev/inject": "true"},
+                "annotations": {
+                    "schedlock.dev/inject": "true",
+                    "schedlock.dev/signing-secret": "billing-hmac/hmac",
+                },
                 "labels": {"app.kubernetes.io/name": "billing"},
             },
-            "spec": {"containers": [container]},
+            "spec": {"containers": [container], "volumes": [own_volume]},
         }
         return stack.kube.kubectl(
             "create", "-f", "-", "-o", "json", input=json.dumps(pod), check=False
@@ -413,7 +440,32 @@ def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) ->
     try:
         accepted = create("compliant", restricted_app)
         assert accepted.returncode == 0, accepted.stderr
-        assert json.loads(accepted.stdout)["spec"]["initContainers"][0]["name"] == "schedlock"
+        spec = json.loads(accepted.stdout)["spec"]
+        [sidecar] = spec["initContainers"]
+        assert sidecar["name"] == "schedlock"
+        # Signed with the key from the Secret: a read-only volume only the sidecar mounts.
+        [own, signing] = spec["volumes"]
+        assert own == own_volume
+        assert signing == {
+            "name": "schedlock-signing-secret-2",
+            "secret": {
+                "secretName": "billing-hmac",
+                "items": [{"key": "hmac", "path": "signing-secret"}],
+                "defaultMode": 0o444,
+            },
+        }
+        assert sidecar["volumeMounts"] == [
+            {
+                "name": "schedlock-signing-secret-2",
+                "mountPath": "/var/run/secrets/schedlock.dev/signing",
+                "readOnly": True,
+            }
+        ]
+        assert {
+            "name": "SCHEDLOCK_SIGNING_SECRET_FILE",
+            "value": "/var/run/secrets/schedlock.dev/signing/signing-secret",
+        } in sidecar["env"]
+        assert "volumeMounts" not in spec["containers"][0]
         # The namespace really enforces the profile: an app without the context is refused.
         refused = create("careless", {"name": "app", "image": "example/app:1"})
         assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr
