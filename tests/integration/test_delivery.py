@@ -5,11 +5,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from schedlock.operator.injection import InjectionConfig, inject_pod
 
 from tests.support.rows import insert_rows
 from tests.support.sidecars import SidecarGroup, wait_for
@@ -66,10 +71,76 @@ def test_success_is_published_once_and_signed(app: SidecarGroup, migrated_databa
         assert len(mac) == 64
 
 
+SIDECAR_UID = 65532  # the injected sidecar's runAsUser and runAsGroup
+
+
+def project_like_the_kubelet(root: Path, value: bytes, fs_group: int | None = None) -> Path:
+    """The signing key where an injected sidecar reads it, laid out below ``root`` as the kubelet
+    projects a secret volume: the file ``SCHEDLOCK_SIGNING_SECRET_FILE`` names, in the sidecar's
+    mount, behind the ``..data`` symlinks, with the volume's mode, owned by root and, when the
+    pod has an fsGroup, by that group with group read added (what the kubelet does)."""
+    metadata = {
+        "annotations": {"schedlock.dev/inject": "true", "schedlock.dev/signing-secret": "hmac"},
+        "labels": {"app.kubernetes.io/name": "demo"},
+    }
+    spec: dict[str, object] = {"containers": [{"name": "app", "image": "app:1"}]}
+    if fs_group is not None:
+        spec["securityContext"] = {"fsGroup": fs_group}
+    injected = inject_pod(metadata, spec, InjectionConfig())
+    assert injected is not None
+    [sidecar] = injected[1]["initContainers"]
+    [volume] = injected[1]["volumes"]
+    [mount] = sidecar["volumeMounts"]
+    [item] = volume["secret"]["items"]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    mount_dir = root / mount["mountPath"].lstrip("/")
+    timestamped = mount_dir / "..2026_01_01_00_00_00.000000001"
+    timestamped.mkdir(parents=True)
+    (timestamped / item["path"]).write_bytes(value)
+    mode = volume["secret"]["defaultMode"]
+    if fs_group is not None:
+        os.chown(timestamped / item["path"], -1, fs_group)
+        mode |= 0o440
+    (timestamped / item["path"]).chmod(mode)
+    (mount_dir / "..data").symlink_to(timestamped.name)
+    (mount_dir / item["path"]).symlink_to(f"..data/{item['path']}")
+    return root / str(env["SCHEDLOCK_SIGNING_SECRET_FILE"]).lstrip("/")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads as the sidecar's uid: needs root")
+@pytest.mark.parametrize("fs_group", [None, 2000], ids=["no-fsGroup", "fsGroup"])
+def test_the_sidecar_user_can_read_the_key_the_injector_mounts(fs_group: int | None) -> None:
+    root = Path(tempfile.mkdtemp())
+    root.chmod(0o755)  # a mount point the sidecar can traverse
+
+    def read_as_sidecar(path: Path) -> subprocess.CompletedProcess[bytes]:
+        # The kubelet adds the pod's fsGroup to every container's groups.
+        groups = [] if fs_group is None else [fs_group]
+        return subprocess.run(
+            ["cat", str(path)],
+            user=SIDECAR_UID,
+            group=SIDECAR_UID,
+            extra_groups=groups,
+            capture_output=True,
+            check=False,
+        )
+
+    try:
+        path = project_like_the_kubelet(root, SECRET, fs_group)
+        read = read_as_sidecar(path)
+        assert (read.returncode, read.stdout) == (0, SECRET), read.stderr
+        if fs_group is None:
+            path.chmod(0o440)  # what a "tighter" mode would give: root's alone without fsGroup
+            assert read_as_sidecar(path).returncode != 0
+    finally:
+        shutil.rmtree(root)
+
+
 def test_signature_verifies_with_the_documented_scheme(
     tmp_path: Path, migrated_database: str
 ) -> None:
-    """t=<unix>,v1=hex(HMAC-SHA256(secret, "<t>." + raw body)) — recomputed from the raw body."""
+    """t=<unix>,v1=hex(HMAC-SHA256(secret, "<t>." + raw body)) — recomputed from the raw body,
+    by a sidecar that reads its key where and as the injector mounts it."""
     import asyncio
     import threading
 
@@ -101,8 +172,7 @@ def test_signature_verifies_with_the_documented_scheme(
     runner = loop.run_until_complete(serve())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    secret = tmp_path / "secret"
-    secret.write_bytes(SECRET)
+    secret = project_like_the_kubelet(tmp_path / "pod", SECRET)
     sidecar = SidecarProcess(
         "signer",
         tmp_path,
