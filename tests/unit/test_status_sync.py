@@ -1,0 +1,62 @@
+"""The status sync's fan-out, with a fake API (pure logic: no process, no network)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from schedlock.operator.sync import SYNC_CONCURRENCY, StatusSync
+from schedlock.store import PublishRecord
+from schedlock.store.postgres import PostgresStore
+
+
+class SlowApi:
+    """Every call takes a moment; records the calls and how many objects were in flight."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def _call(self, what: str, name: str) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        self.calls.append((what, name))
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        await self._call("get", name)
+        return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"}}
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        assert status["phase"] == "Published"
+        await self._call("patch", name)
+
+    async def post_event(
+        self, obj: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        assert reason == "Published"
+        await self._call("event", obj["metadata"]["name"])
+
+
+def published(n: int) -> PublishRecord:
+    now = datetime.now(UTC)
+    return PublishRecord(
+        id=n, scheduler="publish", namespace="ns", name=f"o{n}", uid=f"uid-o{n}", generation=1,
+        target="demo", due_at=now, next_attempt_at=now, payload={}, state="published",
+        attempts=1, max_attempts=5, term=1, holder="h", last_status=200, last_error=None,
+        fired_at=now, finished_at=now,
+    )  # fmt: skip
+
+
+def test_a_burst_of_outcomes_is_synced_a_few_objects_at_a_time_each_in_order() -> None:
+    api = SlowApi()
+    store = cast(PostgresStore, None)  # one-shot rows need no database read
+    sync = StatusSync(store, api, sweep_seconds=30, holder="t")
+    asyncio.run(sync.sync_records([published(n) for n in range(40)]))
+    assert 1 < api.most_in_flight <= SYNC_CONCURRENCY
+    for n in range(40):
+        mine = [what for what, name in api.calls if name == f"o{n}"]
+        assert mine == ["get", "patch", "event"]
