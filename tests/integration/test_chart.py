@@ -254,7 +254,8 @@ def test_operator_deployment_shape() -> None:
         "webhook": 9443,
     }
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+        path = "/readyz" if probe == "readinessProbe" else "/healthz"
+        assert container[probe]["httpGet"] == {"path": path, "port": "http"}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert set(mounts) == {"/tmp", "/tls"}
