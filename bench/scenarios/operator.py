@@ -152,6 +152,7 @@ def run(ctx: Context) -> None:
         assert operator.process is not None
         processes = {"operator": operator.process.pid, "client": os.getpid(), **kube.pids}
         cpu0 = _cpu(processes)
+        requests0 = _apiserver_requests(kube)
         t0 = time.time()
         with ThreadPoolExecutor(CLIENT_THREADS) as pool:
             list(pool.map(create, range(p.operator_objects)))
@@ -162,6 +163,8 @@ def run(ctx: Context) -> None:
         _wait(lambda: len(watch.published) >= len(created), deadline - time.time())
         cutoff = time.time()
         cpu = _cpu(processes)["operator"] - cpu0["operator"]
+        requests = _apiserver_requests(kube)
+        requests.subtract(requests0)
         rows = _rows(url)
         ingest_s = max(rows.values(), default=t0) - t0
         arrivals = {uid: e.arrival for uid, e in _first(receiver).items()}
@@ -203,6 +206,14 @@ def run(ctx: Context) -> None:
             # every upsert opens its own connection), and requests the API server refused with
             # 429 (API Priority and Fairness) during the run
             handler_retries=_handler_retries(operator.log_text()),
+            # API requests per object by verb and resource (the creates, the operator's
+            # finalizer and status PATCHes, GETs and Events, the watch's own list), which is
+            # what the API server spends its CPU on
+            apiserver_requests_per_object={
+                key: round(count / max(1, len(created)), 2)
+                for key, count in sorted(requests.items())
+                if count >= len(created) / 20
+            },
             apiserver_rejected=_apiserver_rejected(kube),
         )
         ctx.results["operator"] = result
@@ -234,6 +245,24 @@ def _handler_retries(log: str) -> dict[str, int]:
         reason = message.split("failed temporarily:", 1)[-1].strip()
         reasons[reason.rsplit(":", 1)[-1].strip()[:80] or reason[:80]] += 1
     return dict(reasons)
+
+
+def _apiserver_requests(kube: KubeAPIServer) -> collections.Counter[str]:
+    """apiserver_request_total summed by ``VERB resource[/subresource]``, from /metrics."""
+    text = kube.kubectl("get", "--raw", "/metrics", check=False).stdout
+    counts: collections.Counter[str] = collections.Counter()
+    for name, value in parse_metrics(text).items():
+        if not name.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(
+            part.split("=", 1) for part in name[name.index("{") + 1 : -1].split(",") if "=" in part
+        )
+        label = {k: v.strip('"') for k, v in labels.items()}
+        resource = label.get("resource", "")
+        if label.get("subresource"):
+            resource += "/" + label["subresource"]
+        counts[f"{label.get('verb', '?')} {resource}"] += int(value)
+    return counts
 
 
 def _apiserver_rejected(kube: KubeAPIServer) -> dict[str, float]:
