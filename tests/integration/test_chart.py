@@ -143,6 +143,14 @@ def test_ci_values_cover_the_documented_cases() -> None:
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
         ("webhook.certManager.issuerRef.kind=Vault", "at '/webhook/certManager/issuerRef/kind'"),
         ("networkPolicy.database.port=70000", "at '/networkPolicy/database/port': maximum"),
+        (
+            "monitoring.grafana.alerts.datasourceUid=${x}",
+            "at '/monitoring/grafana/alerts/datasourceUid'",
+        ),
+        (
+            "monitoring.grafana.dashboard.datasourceUid=prom",
+            "additional properties 'datasourceUid' not allowed",
+        ),
     ],
 )
 def test_schema_refuses_bad_values_with_a_clear_message(setting: str, message: str) -> None:
@@ -698,6 +706,17 @@ def test_grafana_config_maps() -> None:
     assert alerts["data"]["schedlock-alerts.yaml"] == (
         CHART / "files" / "grafana-alerts.yaml"
     ).read_text(encoding="utf-8")
+    assert "${DS_PROMETHEUS}" in alerts["data"]["schedlock-alerts.yaml"]
+    pinned = render(
+        "--set",
+        "monitoring.grafana.alerts.enabled=true",
+        "--set",
+        "monitoring.grafana.alerts.datasourceUid=prom-1",
+    )
+    rules = yaml.safe_load(one(pinned, "ConfigMap")["data"]["schedlock-alerts.yaml"])
+    queries = [q for g in rules["groups"] for r in g["rules"] for q in r["data"]]
+    assert {q["datasourceUid"] for q in queries} == {"prom-1", "__expr__"}
+    assert "DS_PROMETHEUS" not in json.dumps(rules)
     relabelled = render(
         "--set",
         "monitoring.grafana.dashboard.enabled=true",
