@@ -27,7 +27,7 @@ from bench import kube_client
 from bench.deliveries import DeliveryLog
 from bench.env import BenchEnv
 from bench.profiles import Profile
-from tests.support.procs import die_with_parent
+from tests.support.procs import die_with_parent, terminate
 from tests.support.sidecars import REPO, ReceiverProcess, SidecarProcess
 
 T = TypeVar("T")
@@ -209,17 +209,7 @@ class Worker:
             self.process.send_signal(sig)
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 10, resume=True)
 
 
 class Instance:

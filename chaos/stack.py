@@ -19,7 +19,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from chaos.config import ChaosConfig
 from chaos.proxy import BlackholeProxy
 from tests.support.kube import KubeAPIServer
 from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
-from tests.support.pg import PostgresServer, _chown_tree, _run_as, server_dir, template_cluster
+from tests.support.pg import PostgresServer, server_dir
 from tests.support.procs import die_with_parent
 from tests.support.sidecars import ReceiverProcess, SidecarProcess
 
@@ -58,44 +58,8 @@ def log(message: str) -> None:
 class ChaosPostgres(PostgresServer):
     """PostgresServer whose postmaster dies with the harness, with an async restart."""
 
-    def _spawn(self) -> None:
-        user = _run_as()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if not self.datadir.exists():
-            template = template_cluster(self.bindir)
-            self.datadir.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(template, self.datadir, symlinks=True)
-            self.datadir.chmod(0o700)
-            _chown_tree(self.datadir.parent, user)
-        options = {
-            "listen_addresses": "127.0.0.1",
-            "port": str(self.port),
-            "unix_socket_directories": "",
-            "max_connections": "400",
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
-            "shared_buffers": "128MB",
-            "log_min_messages": "warning",
-            "log_line_prefix": "%m [%p] %a ",
-            **self.settings,
-        }
-        argv = [str(self.bindir / "postgres"), "-D", str(self.datadir)]
-        for key, value in options.items():
-            argv += ["-c", f"{key}={value}"]
-        with self.logfile.open("ab") as out:
-            self.process = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=out,
-                user=user,
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )
-
-    def start(self, timeout: float = 30) -> None:
-        self._spawn()
-        self.wait_ready(timeout)
+    def _preexec(self) -> Callable[[], None] | None:
+        return die_with_parent()
 
     async def astop(self, mode: str) -> None:
         process = self.process

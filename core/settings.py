@@ -66,6 +66,26 @@ def setting(
     return field(default=default, metadata={"setting": spec})
 
 
+def log_level_setting() -> Any:
+    """``SCHEDLOCK_LOG_LEVEL``, the same for every process."""
+    return setting(
+        env="SCHEDLOCK_LOG_LEVEL",
+        help="log level",
+        default="info",
+        parse=choice("debug", "info", "warning", "error"),
+    )
+
+
+def log_format_setting() -> Any:
+    """``SCHEDLOCK_LOG_FORMAT``, the same for every process."""
+    return setting(
+        env="SCHEDLOCK_LOG_FORMAT",
+        help="json (one object per line) or text",
+        default="json",
+        parse=choice("json", "text"),
+    )
+
+
 def specs(cls: type[Any]) -> list[tuple[dataclasses.Field[Any], SettingSpec]]:
     """The settings fields of a settings dataclass, in declaration order."""
     return [(f, f.metadata["setting"]) for f in dataclasses.fields(cls) if "setting" in f.metadata]

@@ -20,7 +20,7 @@ from schedlock.operator.handlers import build_registry, configure
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
 from schedlock.probes import health_app, serve
-from schedlock.store import SchemaTooNew, StoreError, StoreUnavailable, ensure_schema
+from schedlock.store import StoreError, wait_for_schema
 from schedlock.store.postgres import PostgresStore
 
 log = logging.getLogger("schedlock.operator")
@@ -36,46 +36,16 @@ class Readiness:
         self.kopf_ready = asyncio.Event()
         self.schema_ok = False
 
+    def report_schema(self, error: StoreError | None) -> None:
+        self.schema_ok = error is None
+        self.reason = str(error) if error is not None else "ok"
+
     def __call__(self) -> tuple[bool, str]:
         if not self.schema_ok:
             return False, f"database not ready: {self.reason}"
         if not self.kopf_ready.is_set():
             return False, "starting the Kubernetes watches"
         return True, "ready"
-
-
-async def wait_for_schema(
-    store: PostgresStore, settings: OperatorSettings, readiness: Readiness, stopping: asyncio.Event
-) -> bool:
-    """Retry with backoff until the schema is current and the role has its privileges.
-
-    A database that is down, a schema not migrated yet or newer than this binary, missing
-    privileges: each keeps the operator up and not ready with the reason on ``/readyz`` —
-    no crash loop, and recovery without a restart once it is fixed.  False when stopped.
-    """
-    delay = 0.5
-    while not stopping.is_set():
-        try:
-            await ensure_schema(store, migrate=settings.migrate == "auto", component="operator")
-            readiness.schema_ok = True
-            return True
-        except SchemaTooNew as exc:
-            readiness.reason = str(exc)
-            log.error("database schema is newer than this binary", extra={"error": str(exc)})
-        except StoreUnavailable as exc:
-            readiness.reason = str(exc)
-            log.warning(
-                "database not ready, retrying", extra={"error": str(exc), "retry_in_s": delay}
-            )
-        except StoreError as exc:
-            readiness.reason = str(exc)
-            log.warning(
-                "database not usable yet, retrying", extra={"error": str(exc), "retry_in_s": delay}
-            )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), delay)
-        delay = min(delay * 2, 10.0)
-    return False
 
 
 @contextlib.contextmanager
@@ -108,7 +78,17 @@ async def run(settings: OperatorSettings) -> int:
         return EXIT_FATAL
     try:
         with signals_stop(stopping):
-            if not await wait_for_schema(store, settings, readiness, stopping):
+            # Database down, not migrated, newer than this binary, missing privileges: stay up
+            # and not ready with the reason, start kopf once it is usable (no crash loop).
+            usable = await wait_for_schema(
+                store,
+                migrate=settings.migrate == "auto",
+                component="operator",
+                stopping=stopping,
+                report=readiness.report_schema,
+                log=log,
+            )
+            if not usable:
                 log.info("operator stopped before the database was ready")
                 return 0
         return await run_kopf(store, settings, readiness, stopping)

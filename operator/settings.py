@@ -23,6 +23,8 @@ from schedlock.settings import (
     database_url,
     host,
     integer,
+    log_format_setting,
+    log_level_setting,
     number,
     readable_file,
     setting,
@@ -162,18 +164,8 @@ class OperatorSettings:
         default="auto",
         parse=choice("auto", "off"),
     )
-    log_level: str = setting(
-        env="SCHEDLOCK_LOG_LEVEL",
-        help="log level",
-        default="info",
-        parse=choice("debug", "info", "warning", "error"),
-    )
-    log_format: str = setting(
-        env="SCHEDLOCK_LOG_FORMAT",
-        help="json (one object per line) or text",
-        default="json",
-        parse=choice("json", "text"),
-    )
+    log_level: str = log_level_setting()
+    log_format: str = log_format_setting()
 
     def validate(self) -> None:
         cls = type(self)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import random
 import signal
@@ -30,12 +29,11 @@ from schedlock.sidecar.settings import SidecarSettings
 from schedlock.store import (
     LockKey,
     SchemaNotCurrent,
-    SchemaTooNew,
     Store,
     StoreError,
     StoreUnavailable,
-    ensure_schema,
     open_store,
+    wait_for_schema,
 )
 
 log = logging.getLogger("schedlock.sidecar")
@@ -83,7 +81,16 @@ class Sidecar:
             },
         )
         try:
-            if not await self._bootstrap():
+            usable = await wait_for_schema(
+                self.store,
+                migrate=self.settings.migrate == "auto",
+                component="sidecar",
+                stopping=self.stopping,
+                report=self._report_schema,
+                log=log,
+                fatal=FATAL,
+            )
+            if not usable:
                 return 0
             return await self._run_electors()
         except FATAL as exc:
@@ -98,40 +105,14 @@ class Sidecar:
         log.info("shutting down", extra={"signal": sig.name})
         self.stopping.set()
 
-    async def _bootstrap(self) -> bool:
-        """Migrate (or wait for migrations) with backoff until the schema is current."""
-        delay = 0.5
-        while not self.stopping.is_set():
-            try:
-                await ensure_schema(
-                    self.store, migrate=self.settings.migrate == "auto", component="sidecar"
-                )
-                self.schema_ok = True
-                self.metrics.database_up.set(1)
-                return True
-            except FATAL:
-                raise
-            except SchemaTooNew as exc:
-                # Refuse to run (never downgrade), but stay up and say why: a rolled-back
-                # database or an upgraded image fixes it without a crash loop.
-                self.not_ready_reason = str(exc)
-                log.error("database schema is newer than this binary", extra={"error": str(exc)})
-            except (StoreUnavailable, SchemaNotCurrent) as exc:
-                self.not_ready_reason = str(exc)
-                self.metrics.database_up.set(0)
-                log.warning(
-                    "database not ready, retrying", extra={"error": str(exc), "retry_in_s": delay}
-                )
-            except StoreError as exc:
-                self.not_ready_reason = str(exc)
-                log.warning(
-                    "database not usable yet, retrying",
-                    extra={"error": str(exc), "retry_in_s": delay},
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), delay)
-            delay = min(delay * 2, 10.0)
-        return False
+    def _report_schema(self, error: StoreError | None) -> None:
+        if error is None:
+            self.schema_ok = True
+            self.metrics.database_up.set(1)
+            return
+        self.not_ready_reason = str(error)
+        if isinstance(error, (StoreUnavailable, SchemaNotCurrent)):
+            self.metrics.database_up.set(0)
 
     async def _run_electors(self) -> int:
         s = self.settings

@@ -14,6 +14,8 @@ from schedlock.settings import (
     host,
     http_url,
     integer,
+    log_format_setting,
+    log_level_setting,
     number,
     readable_file,
     setting,
@@ -146,18 +148,8 @@ class SidecarSettings:
         default="auto",
         parse=choice("auto", "off"),
     )
-    log_level: str = setting(
-        env="SCHEDLOCK_LOG_LEVEL",
-        help="log level",
-        default="info",
-        parse=choice("debug", "info", "warning", "error"),
-    )
-    log_format: str = setting(
-        env="SCHEDLOCK_LOG_FORMAT",
-        help="json (one object per line) or text",
-        default="json",
-        parse=choice("json", "text"),
-    )
+    log_level: str = log_level_setting()
+    log_format: str = log_format_setting()
 
     def validate(self) -> None:
         cls = type(self)

@@ -9,6 +9,8 @@ ids and order on both dialects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Protocol
@@ -79,6 +81,7 @@ __all__ = [
     "UpsertResult",
     "ensure_schema",
     "open_store",
+    "wait_for_schema",
 ]
 
 
@@ -162,6 +165,52 @@ async def ensure_schema(store: Store, *, migrate: bool, component: str | None = 
                 f"role {role!r} lacks {', '.join(missing)}: as the schema owner run "
                 f"`schedlock migrate --grant-{component} {role}`"
             )
+
+
+async def wait_for_schema(
+    store: Store,
+    *,
+    migrate: bool,
+    component: str,
+    stopping: asyncio.Event,
+    report: Callable[[StoreError | None], None],
+    log: logging.Logger,
+    fatal: tuple[type[StoreError], ...] = (),
+) -> bool:
+    """:func:`ensure_schema` with backoff (0.5 s doubling to 10 s) until it passes or ``stopping``.
+
+    A database that is down, not migrated, newer than this binary or missing privileges never
+    ends the process: each failure is logged and handed to ``report`` (the caller's readiness
+    reason), and success reports None.  Errors in ``fatal`` propagate.  False when stopped.
+    """
+    delay = 0.5
+    while not stopping.is_set():
+        try:
+            await ensure_schema(store, migrate=migrate, component=component)
+        except fatal:
+            raise
+        except SchemaTooNew as exc:
+            # Refuse to run (never downgrade), but stay up and say why: a rolled-back
+            # database or an upgraded image fixes it without a crash loop.
+            report(exc)
+            log.error("database schema is newer than this binary", extra={"error": str(exc)})
+        except (StoreUnavailable, SchemaNotCurrent) as exc:
+            report(exc)
+            log.warning(
+                "database not ready, retrying", extra={"error": str(exc), "retry_in_s": delay}
+            )
+        except StoreError as exc:
+            report(exc)
+            log.warning(
+                "database not usable yet, retrying", extra={"error": str(exc), "retry_in_s": delay}
+            )
+        else:
+            report(None)
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), delay)
+        delay = min(delay * 2, 10.0)
+    return False
 
 
 def open_store(url: str, *, application_name: str = "schedlock") -> Store:

@@ -52,6 +52,7 @@ from schedlock.store.models import (
 log = logging.getLogger("schedlock.store")
 Q = queries.load("postgres")
 T = TypeVar("T")
+R = TypeVar("R")
 Conn = psycopg.AsyncConnection[DictRow]
 
 ROWS_CHANNEL = "schedlock_rows"
@@ -719,29 +720,26 @@ class PostgresStore:
 
         return await self._run(run)
 
-    async def get_publish(self, uid: str) -> PublishRecord | None:
-        async def run(conn: Conn) -> PublishRecord | None:
-            cur = await conn.execute(Q["get_publish"], {"uid": uid})
+    async def _record(
+        self, query: str, uid: str, convert: Callable[[DictRow, rows.Codec], R]
+    ) -> R | None:
+        """The one row ``query`` finds for ``uid``, converted; None when there is none."""
+
+        async def run(conn: Conn) -> R | None:
+            cur = await conn.execute(Q[query], {"uid": uid})
             row = await cur.fetchone()
-            return None if row is None else rows.publish_record(row, rows.POSTGRES)
+            return None if row is None else convert(row, rows.POSTGRES)
 
         return await self._run(run)
+
+    async def get_publish(self, uid: str) -> PublishRecord | None:
+        return await self._record("get_publish", uid, rows.publish_record)
 
     async def get_schedule(self, uid: str) -> ScheduleRecord | None:
-        async def run(conn: Conn) -> ScheduleRecord | None:
-            cur = await conn.execute(Q["get_schedule"], {"uid": uid})
-            row = await cur.fetchone()
-            return None if row is None else rows.schedule_record(row, rows.POSTGRES)
-
-        return await self._run(run)
+        return await self._record("get_schedule", uid, rows.schedule_record)
 
     async def latest_slot(self, schedule_uid: str) -> PublishRecord | None:
-        async def run(conn: Conn) -> PublishRecord | None:
-            cur = await conn.execute(Q["latest_slot"], {"uid": schedule_uid})
-            row = await cur.fetchone()
-            return None if row is None else rows.publish_record(row, rows.POSTGRES)
-
-        return await self._run(run)
+        return await self._record("latest_slot", schedule_uid, rows.publish_record)
 
     async def changed_since(
         self, since: datetime | None, limit: int = 500

@@ -25,7 +25,7 @@ import yaml
 
 from monitoring import dashboard, generate
 from tests.support.pg import free_port
-from tests.support.procs import die_with_parent
+from tests.support.procs import die_with_parent, terminate
 from tests.support.rows import insert_rows, row_states
 from tests.support.sidecars import SidecarGroup, http_get, wait_for
 
@@ -123,13 +123,7 @@ class Prometheus:
         return list(self.api("/api/v1/alerts")["alerts"])
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self.process = None
 
 

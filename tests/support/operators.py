@@ -18,7 +18,7 @@ from schedlock.operator.rbac import cluster_role, cluster_role_binding
 from tests.support.certs import ServingCert, serving_cert
 from tests.support.kube import KubeAPIServer
 from tests.support.pg import free_port
-from tests.support.procs import die_with_parent
+from tests.support.procs import die_with_parent, terminate
 from tests.support.sidecars import http_get, wait_for
 
 OPERATOR_NAMESPACE = "schedlock-system"
@@ -179,15 +179,7 @@ class OperatorProcess:
             self.process.wait(10)
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.alive():
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 15)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

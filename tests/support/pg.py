@@ -20,8 +20,11 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.procs import terminate
 
 PG_USER = "schedlock-pg"
 SUPERUSER = "postgres"
@@ -182,6 +185,15 @@ class PostgresServer:
         return f"postgresql://{auth}@127.0.0.1:{self.port}/{dbname}"
 
     def start(self, timeout: float = 30) -> None:
+        self._spawn()
+        self.wait_ready(timeout)
+
+    def _preexec(self) -> Callable[[], None] | None:
+        """A preexec_fn for the postmaster (none: it outlives a crashed test run's pytest)."""
+        return None
+
+    def _spawn(self) -> None:
+        """Start the postmaster (from the cached template cluster the first time), not waiting."""
         user = _run_as()
         self.workdir.mkdir(parents=True, exist_ok=True)
         if not self.datadir.exists():
@@ -207,12 +219,15 @@ class PostgresServer:
         argv = [str(self.bindir / "postgres"), "-D", str(self.datadir)]
         for key, value in options.items():
             argv += ["-c", f"{key}={value}"]
-        log = self.logfile.open("ab")
-        self.process = subprocess.Popen(
-            argv, stdout=log, stderr=log, user=user, start_new_session=True
-        )
-        log.close()
-        self.wait_ready(timeout)
+        with self.logfile.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=log,
+                user=user,
+                start_new_session=True,
+                preexec_fn=self._preexec(),
+            )
 
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -338,12 +353,6 @@ class PgBouncer:
         raise RuntimeError("pgbouncer did not listen in time")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self.process = None
         shutil.rmtree(server_dir(self.workdir), ignore_errors=True)

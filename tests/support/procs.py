@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 
@@ -25,3 +28,24 @@ def die_with_parent() -> Callable[[], None] | None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     return hook
+
+
+def terminate(
+    process: subprocess.Popen[bytes] | None, grace: float = 10, *, resume: bool = False
+) -> None:
+    """SIGTERM a running child, SIGKILL it after ``grace`` seconds, and reap it.
+
+    ``resume`` sends SIGCONT first: a stopped process (SIGSTOP in a test) cannot handle
+    SIGTERM until it runs again.
+    """
+    if process is None or process.poll() is not None:
+        return
+    if resume:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.pg import free_port
-from tests.support.procs import die_with_parent
+from tests.support.procs import die_with_parent, terminate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,13 +120,7 @@ class ReceiverProcess:
             response.read()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 5)
         self.process = None
 
 
@@ -202,17 +196,7 @@ class SidecarProcess:
         return self.process.wait(timeout)
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, 10, resume=True)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
