@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import errors as pgerrors
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
@@ -156,13 +155,13 @@ class PostgresLockSession:
                 raise StoreError(
                     "PostgreSQL 14 or newer is required (idle_session_timeout is the lease)"
                 )
-            try:
-                await conn.execute(Q["register_key"], self.key.params())
-            except pgerrors.UniqueViolation as exc:
+            await conn.execute(Q["register_key"], self.key.params())
+            owner = await self._fetchone("key_of_lock_ids", self.key.params(), conn=conn)
+            if LockKey(owner["scheduler"], owner["namespace"], owner["target"]) != self.key:
                 raise LockKeyCollision(
                     f"lock key {self.key} hashes to the same advisory lock ids as another key "
                     f"({self.key.classid}, {self.key.objid}); rename the target"
-                ) from exc
+                )
         except BaseException:
             await conn.close()
             raise

@@ -227,6 +227,21 @@ def test_lock_key_hash_collision_is_refused(migrated_database: str) -> None:
     asyncio.run(run())
 
 
+def test_replicas_registering_one_key_at_once_is_no_collision(migrated_database: str) -> None:
+    # Found by the suite: three replicas starting together met on the lock-id unique index
+    # and one exited with "hashes to the same advisory lock ids as another key".
+    store = open_store(migrated_database)
+
+    async def run() -> None:
+        for n in range(200):
+            key = LockKey("publish", "race", f"app-{n}")
+            sessions = [store.lock_session(key, f"r{i}", 10) for i in range(6)]
+            await asyncio.gather(*(s.connect() for s in sessions))
+            await asyncio.gather(*(s.close() for s in sessions))
+
+    asyncio.run(run())
+
+
 def test_followers_wait_without_queries(migrated_database: str, postgres: object) -> None:
     """A blocked follower's session is one long-running pg_advisory_lock call, nothing else."""
 

@@ -3,10 +3,16 @@
 -- and re-checks the term (fencing): a stale leader's write matches no row.
 
 -- name: register_key
--- Record the key's lock ids; a different key text hashing to the same ids violates the UNIQUE.
+-- Record the key's lock ids. No conflict target: replicas of one app registering the same key
+-- at the same moment may meet on either unique index, and neither is an error.
 INSERT INTO schedlock_terms (scheduler, namespace, target, lock_classid, lock_objid)
 VALUES (%(scheduler)s, %(namespace)s, %(target)s, %(classid)s, %(objid)s)
-ON CONFLICT (scheduler, namespace, target) DO NOTHING;
+ON CONFLICT DO NOTHING;
+
+-- name: key_of_lock_ids
+-- The key registered under these lock ids (after register_key: another key is a collision).
+SELECT scheduler, namespace, target FROM schedlock_terms
+WHERE lock_classid = %(classid)s AND lock_objid = %(objid)s;
 
 -- name: lock
 SELECT pg_advisory_lock(%(classid)s, %(objid)s), pg_backend_pid() AS pid;
