@@ -196,6 +196,24 @@ def http_url(raw: str) -> str:
     return value
 
 
+def check_url(raw: str) -> str:
+    """A readiness check: ``http(s)://host[:port]/path`` (GET) or ``tcp://host:port`` (connect)."""
+    value = raw.strip()
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        port = -1
+    if port != -1 and parts.hostname:
+        if parts.scheme in ("http", "https"):
+            return value
+        if parts.scheme == "tcp" and port and parts.path in ("", "/") and not parts.query:
+            return value
+    raise ValueError(
+        f"must be an http:// or https:// URL to GET, or tcp://host:port to connect to, got {raw!r}"
+    )
+
+
 def database_url(raw: str) -> str:
     """``postgresql://…``/``postgres://…`` or ``sqlite:///path`` (not ``sqlite:///:memory:``)."""
     value = raw.strip()

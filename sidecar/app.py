@@ -6,6 +6,10 @@ down at start — or unreachable, refusing the credentials, lacking privileges, 
 newer schedlock — is retried with backoff while /readyz says why: no crash loop, recovery
 without a restart.  Errors that make running unsafe (a transaction-mode pooler, a lock key
 collision) end the process with one line on stderr and exit status 1.
+
+The app's readiness check runs from the start, whatever the database does: an elector competes
+only while the app is reachable (``schedlock.sidecar.target``), and ``/readyz`` is 503 while it
+is not — see docs/architecture.md "Leadership follows the app" for why.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from schedlock.sidecar.http import build_app
 from schedlock.sidecar.lock import FATAL, KeyElector, first_leaf
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
+from schedlock.sidecar.target import TargetWatch, Thresholds, derive_check
 from schedlock.store import (
     LockKey,
     SchemaNotCurrent,
@@ -50,11 +55,26 @@ class Sidecar:
         self.schema_ok = False
         self.not_ready_reason = "starting"
         self.http_port: int | None = None
+        self.app = TargetWatch(
+            derive_check(settings.target_url, settings.target_ready_url),
+            interval=settings.target_check_seconds,
+            timeout=settings.target_check_timeout,
+            thresholds=Thresholds(
+                failures=settings.target_failure_threshold,
+                successes=settings.target_success_threshold,
+            ),
+            metrics=self.metrics,
+        )
 
     def readiness(self) -> tuple[bool, str]:
         if not self.schema_ok:
             return False, f"database not ready: {self.not_ready_reason}"
-        down = [e for e in self.electors if not e.connected]
+        if not self.app.up:
+            return False, (
+                f"target unreachable ({self.app.check.url}): {self.app.reason}; "
+                "not competing for leadership, its rows wait"
+            )
+        down = [e for e in self.electors if not (e.connected or e.waiting_for_app)]
         if down:
             why = "; ".join(f"{e.key}: {e.last_error or 'connecting'}" for e in down)
             return False, f"lock sessions not connected: {why}"
@@ -78,8 +98,10 @@ class Sidecar:
                 "dialect": self.store.dialect,
                 "http_port": self.http_port,
                 "lease_seconds": self.settings.lease_seconds,
+                "target_check": self.app.check.url,
             },
         )
+        checking = asyncio.create_task(self._check_app(), name="target-check")
         try:
             usable = await wait_for_schema(
                 self.store,
@@ -98,8 +120,14 @@ class Sidecar:
             print(f"schedlock sidecar: error: {exc}", file=sys.stderr)
             return EXIT_FATAL
         finally:
+            checking.cancel()
+            await asyncio.gather(checking, return_exceptions=True)
             await runner.cleanup()
             await self.store.close()
+
+    async def _check_app(self) -> None:
+        async with self.app:
+            await self.app.run(self.stopping)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("shutting down", extra={"signal": sig.name})
@@ -130,7 +158,9 @@ class Sidecar:
             signing_secret=s.signing_secret(),
             holder=s.holder_name,
         ) as deliverer:
-            firer = Firer(self.store, deliverer, self.metrics, options, random.Random())
+            firer = Firer(
+                self.store, deliverer, self.metrics, options, app=self.app, rng=random.Random()
+            )
             self.electors = [
                 KeyElector(
                     self.store,
@@ -141,6 +171,7 @@ class Sidecar:
                     step_down_after=s.step_down_after,
                     metrics=self.metrics,
                     work=firer,
+                    app=self.app,
                 )
                 for scheduler in s.scheduler_names
             ]

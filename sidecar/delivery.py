@@ -13,6 +13,11 @@ The response body is read up to 4 KiB (for the error text), a large success body
 (the connection is dropped instead of reused), redirects are not followed and the whole call is
 bounded by the request timeout, so a hostile or broken app costs bounded time and memory.
 Classification into success / retryable / permanent is pure (``schedlock.scheduling.classify``).
+
+A call that got no HTTP answer because the connection could not be made or was cut (refused,
+reset, closed before the status line) is flagged ``connection_lost``: the app may be gone, which
+``schedlock.sidecar.target`` confirms before the row's attempt is counted.  A timeout is not:
+the app accepted the request and is slow, which is the app's answer as far as retries go.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import hashlib
 import hmac
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -32,6 +38,25 @@ from schedlock.store import FireRow
 MAX_ERROR_BODY = 4096
 MAX_REUSED_BODY = 64 * 1024
 SIGNATURE_HEADER = "X-Schedlock-Signature"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery's result, and whether it failed for want of a connection to the app."""
+
+    attempt: AttemptResult
+    connection_lost: bool = False
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """True when ``exc`` means no connection to the app (not a slow or a wrong answer)."""
+    # A timeout (aiohttp's ServerTimeoutError included) is a slow app; a TLS failure is an app
+    # that answered the handshake.  Both keep the ordinary retry semantics.
+    if isinstance(exc, (TimeoutError, aiohttp.ClientSSLError)):
+        return False
+    return isinstance(
+        exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, ConnectionError)
+    )
 
 
 def body_for(row: FireRow, term: int, holder: str) -> dict[str, Any]:
@@ -88,7 +113,7 @@ class Deliverer:
             await self._session.close()
             self._session = None
 
-    async def deliver(self, row: FireRow, term: int) -> AttemptResult:
+    async def deliver(self, row: FireRow, term: int) -> Delivery:
         if self._session is None:
             raise RuntimeError("Deliverer used outside its context")
         body = json.dumps(body_for(row, term, self.holder), separators=(",", ":")).encode()
@@ -111,16 +136,22 @@ class Deliverer:
                         await response.release()
                     else:
                         response.close()
-                    return AttemptResult(status=response.status, error=None)
+                    return Delivery(AttemptResult(status=response.status, error=None))
                 snippet = await response.content.read(MAX_ERROR_BODY)
                 text = snippet.decode("utf-8", "replace").strip().splitlines()
                 detail = f": {text[0][:200]}" if text else ""
-                return AttemptResult(
-                    status=response.status, error=f"HTTP {response.status} from app{detail}"
+                return Delivery(
+                    AttemptResult(
+                        status=response.status, error=f"HTTP {response.status} from app{detail}"
+                    )
                 )
         except TimeoutError:
-            return AttemptResult(status=None, error=f"timeout after {self.timeout_seconds:g}s")
+            return Delivery(
+                AttemptResult(status=None, error=f"timeout after {self.timeout_seconds:g}s")
+            )
         except aiohttp.ClientConnectorError as exc:
-            return AttemptResult(status=None, error=f"cannot connect to app: {exc.os_error}")
+            error = f"cannot connect to app: {exc.os_error}"
+            return Delivery(AttemptResult(status=None, error=error), lost_connection(exc))
         except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError) as exc:
-            return AttemptResult(status=None, error=f"{type(exc).__name__}: {exc}"[:300])
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            return Delivery(AttemptResult(status=None, error=error), lost_connection(exc))

@@ -5,6 +5,13 @@ Wake-ups: a timer to the earliest due row (computed on the database clock), NOTI
 in batches no larger than the free delivery slots; deliveries run concurrently up to the bound;
 outcomes are written back in batches — all on the lock session, all fenced by the term.
 
+Leadership follows the app (``schedlock.sidecar.target``): a row is sent only while the app is
+reachable, and a delivery that lost its connection is checked against the app at once.  When
+the app is gone, such rows go back to ``scheduled`` with their attempt not counted (they were
+not sent, or their connection was cut by the app going away) and the term ends, so the elector
+hands the lock over; rows whose request was still in flight are finished within the grace or
+left ``firing`` for the next term to adopt with the same idempotency key.
+
 The ``recurring`` scheduler first turns due cron slots into rows (at most one per schedule per
 wake-up, never a burst after downtime), then claims and fires them exactly like one-shot rows.
 """
@@ -28,6 +35,7 @@ from schedlock.scheduling import (
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
+from schedlock.sidecar.target import TargetWatch
 from schedlock.store import ROWS_CHANNEL, Completion, FireRow, LeadershipLost, Store, StoreError
 
 log = logging.getLogger("schedlock.firing")
@@ -53,10 +61,13 @@ class Firer:
         deliverer: Deliverer,
         metrics: SidecarMetrics,
         options: FiringOptions,
+        *,
+        app: TargetWatch,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.deliverer = deliverer
+        self.app = app
         self.metrics = metrics
         self.options = options
         self.rng = rng or random.Random()
@@ -277,8 +288,15 @@ class _Term:
             )
             metrics.fires.labels(*self.labels, Outcome.MISSED.value).inc()
             return
+        if not self.firer.app.up:
+            self._return_unsent(row, f"not sent: app unreachable ({self.firer.app.reason})")
+            return
         metrics.lateness.labels(*self.labels).observe(max(0.0, (now - row.due_at).total_seconds()))
-        result = await self.firer.deliverer.deliver(row, self.term)
+        delivery = await self.firer.deliverer.deliver(row, self.term)
+        result = delivery.attempt
+        if delivery.connection_lost and not await self.firer.app.confirm():
+            self._return_unsent(row, f"{result.error}; app unreachable, attempt not counted")
+            return
         decision = decide(
             result,
             attempt=row.attempt,
@@ -310,6 +328,14 @@ class _Term:
                     "error": decision.error,
                 },
             )
+
+    def _return_unsent(self, row: FireRow, error: str) -> None:
+        """Back to ``scheduled``, due as it was, its attempt not counted: the app was away."""
+        self._record(Completion(row.id, Outcome.RETRY.value, error=error, sent=False))
+        log.info(
+            "row returned, app unreachable",
+            extra={"event": "row_returned", "key": str(self.key), "uid": row.uid},
+        )
 
     def _record(self, completion: Completion) -> None:
         self.pending.append(completion)

@@ -41,6 +41,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.store import (
@@ -63,6 +64,7 @@ FATAL = (UnsafeConnection, LockKeyCollision, UnlockFailed)
 
 
 class Role(enum.Enum):
+    WAITING_FOR_APP = "waiting_for_app"
     DISCONNECTED = "disconnected"
     FOLLOWING = "following"
     LEADING = "leading"
@@ -87,6 +89,17 @@ class Leadership:
 LeaderWork = Callable[[Leadership, asyncio.Event], Awaitable[None]]
 
 
+class AppPresence(Protocol):
+    """Whether this sidecar's own app can take fires (``schedlock.sidecar.target``).
+
+    Exactly one of the two events is set at any time.
+    """
+
+    reachable: asyncio.Event
+    unreachable: asyncio.Event
+    reason: str
+
+
 class KeyElector:
     """Runs the state machine for one key until ``stopping`` is set, calling ``work`` as leader."""
 
@@ -101,6 +114,7 @@ class KeyElector:
         step_down_after: float,
         metrics: SidecarMetrics,
         work: LeaderWork,
+        app: AppPresence,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
@@ -111,6 +125,7 @@ class KeyElector:
         self.step_down_after = step_down_after
         self.metrics = metrics
         self.work = work
+        self.app = app
         self.rng = rng or random.Random()
         self.role = Role.DISCONNECTED
         self.last_error: str | None = None  # why the last session ended (for /readyz)
@@ -121,22 +136,33 @@ class KeyElector:
     def connected(self) -> bool:
         return self.role in (Role.FOLLOWING, Role.LEADING)
 
+    @property
+    def waiting_for_app(self) -> bool:
+        return self.role is Role.WAITING_FOR_APP
+
     async def run(self, stopping: asyncio.Event) -> None:
         backoff = 0.2
         while not stopping.is_set():
+            if not self.app.reachable.is_set():
+                # No session at all while the app is away: a waiter in pg_advisory_lock could
+                # be granted leadership it cannot use.
+                self._set_role(Role.WAITING_FOR_APP)
+                if not await _first(self.app.reachable, stopping) or stopping.is_set():
+                    break
             session = self.store.lock_session(self.key, self.holder, self.lease_seconds)
+            failed = False
             try:
                 await session.connect()
                 self._set_role(Role.FOLLOWING)
                 self.last_error = None
                 self.metrics.database_up.set(1)
                 backoff = 0.2
-                if not await _until(session.acquire(), stopping):
-                    break
-                await self._lead(session, stopping)
+                if await _until(session.acquire(), stopping, self.app.unreachable):
+                    await self._lead(session, stopping)
             except FATAL:
                 raise
             except (StoreUnavailable, LeadershipLost, StoreError) as exc:
+                failed = True
                 self.last_error = str(exc)
                 if isinstance(exc, StoreUnavailable):
                     self.metrics.database_up.set(0)
@@ -150,10 +176,12 @@ class KeyElector:
                 if self.role is Role.LEADING:
                     self._lost()
                 await session.close()
-                if self.role is not Role.RELEASED:
+                if self.role not in (Role.RELEASED, Role.WAITING_FOR_APP):
                     self._set_role(Role.DISCONNECTED)
             if stopping.is_set():
                 break
+            if not failed:
+                continue  # the app went away: wait for it, no back-off (nothing failed)
             delay = backoff * (0.5 + self.rng.random())
             backoff = min(backoff * 2, 5.0)
             with contextlib.suppress(TimeoutError):
@@ -170,6 +198,11 @@ class KeyElector:
         self.metrics.transitions.labels(*self.labels, direction).inc()
 
     async def _lead(self, session: LockSession, stopping: asyncio.Event) -> None:
+        if self.app.unreachable.is_set():
+            # Granted just as the app went away: hand the lock on before starting a term.
+            await session.release(None)
+            self._handed_over(None)
+            return
         start = await session.begin_term()
         self._set_role(Role.LEADING)
         self._acquired(start)
@@ -180,18 +213,43 @@ class KeyElector:
             step_down_after=self.step_down_after,
             last_heartbeat_ok=time.monotonic(),
         )
+        # The term ends gracefully on SIGTERM or when the app stops answering; the work
+        # cannot tell the two apart, and need not: both finish or abandon in-flight rows.
+        ending = asyncio.Event()
+
+        async def end_term() -> None:
+            await _first(stopping, self.app.unreachable)
+            ending.set()
+
         try:
             async with asyncio.TaskGroup() as group:
                 beat = group.create_task(self._heartbeat(leadership), name=f"heartbeat:{self.key}")
-                await self.work(leadership, stopping)
+                ender = group.create_task(end_term(), name=f"term-end:{self.key}")
+                await self.work(leadership, ending)
                 beat.cancel()
+                ender.cancel()
         except BaseExceptionGroup as group:
             raise first_leaf(group) from None
-        # Reached only on a graceful stop: the work finished or abandoned its in-flight rows.
+        # Reached only on a graceful end: the work finished or abandoned its in-flight rows.
         await session.release(leadership.term)
-        self._set_role(Role.RELEASED)
         self._lost("released")
-        log.info("released leadership", extra={"key": str(self.key), "term": leadership.term})
+        if stopping.is_set():
+            self._set_role(Role.RELEASED)
+            log.info("released leadership", extra={"key": str(self.key), "term": leadership.term})
+        else:
+            self._handed_over(leadership.term)
+
+    def _handed_over(self, term: int | None) -> None:
+        self._set_role(Role.WAITING_FOR_APP)
+        log.warning(
+            "app unreachable: handed leadership over",
+            extra={
+                "event": "leadership_handed_over",
+                "key": str(self.key),
+                "term": term,
+                "error": self.app.reason,
+            },
+        )
 
     def _acquired(self, start: TermStart) -> None:
         self.metrics.leader.labels(*self.labels).set(1)
@@ -236,14 +294,26 @@ def first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-async def _until(call: Awaitable[None], stopping: asyncio.Event) -> bool:
-    """Await ``call`` unless ``stopping`` is set first (then cancel it and return False)."""
-    task = asyncio.ensure_future(call)
-    stop = asyncio.ensure_future(stopping.wait())
+async def _first(*events: asyncio.Event) -> bool:
+    """Wait until one of ``events`` is set; True when it is the first one."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        stop.cancel()
+        for waiter in waiters:
+            waiter.cancel()
+    return events[0].is_set()
+
+
+async def _until(call: Awaitable[None], *unless: asyncio.Event) -> bool:
+    """Await ``call`` unless one of ``unless`` is set first (then cancel it and return False)."""
+    task = asyncio.ensure_future(call)
+    stops = [asyncio.ensure_future(event.wait()) for event in unless]
+    try:
+        await asyncio.wait({task, *stops}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for stop in stops:
+            stop.cancel()
     if task.done():
         task.result()
         return True

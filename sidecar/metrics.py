@@ -86,6 +86,12 @@ class SidecarMetrics:
             "1 when the sidecar's database sessions are connected, else 0.",
             registry=r,
         )
+        self.target_up = Gauge(
+            "schedlock_target_up",
+            "1 while the app answers the sidecar's readiness check of it (the sidecar then "
+            "competes for leadership), else 0 (it holds no lock and fires nothing).",
+            registry=r,
+        )
         self.build = Info("schedlock_build", "Build information.", registry=r)
         self.build.info({"version": __version__})
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from schedlock.settings import (
     SettingError,
+    check_url,
     choice,
     database_url,
     dns_label,
@@ -53,6 +54,40 @@ class SidecarSettings:
         default="http://127.0.0.1:8080/schedlock",
         parse=http_url,
         unit="url",
+    )
+    target_ready_url: str = setting(
+        env="SCHEDLOCK_TARGET_READY_URL",
+        help="readiness check of the app: the sidecar competes for and holds leadership only "
+        "while it passes. tcp://host:port connects; http(s)://… GETs (200-399 is ready); "
+        "unset, a TCP connect to the host and port of the target URL",
+        default="",
+        parse=check_url,
+        unit="url",
+    )
+    target_check_seconds: float = setting(
+        env="SCHEDLOCK_TARGET_CHECK_SECONDS",
+        help="interval of the readiness check; each check may take this long, at least 1 s and "
+        "at most 5 s",
+        default=1.0,
+        parse=number(0.05, 60),
+        unit="seconds",
+    )
+    target_failure_threshold: int = setting(
+        env="SCHEDLOCK_TARGET_FAILURE_THRESHOLD",
+        help="failed checks in a row after which a reachable app counts as unreachable (the "
+        "leader hands over); a delivery that lost its connection, then one failed check, hands "
+        "over at once",
+        default=2,
+        parse=integer(1, 100),
+        unit="checks",
+    )
+    target_success_threshold: int = setting(
+        env="SCHEDLOCK_TARGET_SUCCESS_THRESHOLD",
+        help="passing checks in a row after which an unreachable app counts as reachable again "
+        "(the sidecar competes again): the hysteresis against flapping",
+        default=2,
+        parse=integer(1, 100),
+        unit="checks",
     )
     http_port: int = setting(
         env="SCHEDLOCK_HTTP_PORT",
@@ -176,6 +211,11 @@ class SidecarSettings:
     def step_down_after(self) -> float:
         """Step down when no heartbeat succeeded for this long: the lease minus a margin."""
         return self.lease_seconds - max(1.0, self.lease_seconds * 0.2)
+
+    @property
+    def target_check_timeout(self) -> float:
+        """How long one readiness check may take: the interval, within 1 to 5 seconds."""
+        return min(max(self.target_check_seconds, 1.0), 5.0)
 
     def signing_secret(self) -> bytes | None:
         if self.signing_secret_file is None:
