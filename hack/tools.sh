@@ -9,6 +9,13 @@
 #   kube-apiserver, kubectl  k8s.io/kubernetes (Go module; a wrapper module pins the staging modules)
 #   etcd                     go.etcd.io/etcd/server/v3 (Go module; a wrapper main calls etcdmain)
 #   helm                     helm.sh/helm/v3 (Go module)
+#   kubelet, kube-controller-manager, kube-scheduler, kube-proxy
+#                            the same k8s.io/kubernetes wrapper module as kube-apiserver
+#   coredns                  github.com/coredns/coredns (Go module): the cluster DNS
+#   crictl                   sigs.k8s.io/cri-tools (Go module): inspect the node's containers
+#   containerd, runc, cni    Debian's `containerd`, `runc`, `containernetworking-plugins`,
+#                            `iptables`, `conntrack`: the node's runtime and network
+#   buildah, mmdebstrap      Debian's packages: the images, built here from the Dockerfile
 #   prometheus, promtool     Debian's `prometheus` package
 #   pgbouncer                Debian's `pgbouncer` package
 #   checkov                  PyPI, in a virtualenv of its own (its pins clash with the dev tools)
@@ -20,6 +27,8 @@ set -euo pipefail
 KUBERNETES_VERSION="v1.34.4"
 ETCD_VERSION="v3.6.5"
 HELM_VERSION="v3.19.0"
+COREDNS_VERSION="v1.14.7"
+CRITOOLS_VERSION="v1.34.0"
 CHECKOV_VERSION="3.3.30"
 # Bump when the build recipe changes (ldflags…): the cache is keyed by version and this revision.
 RECIPE="r2"
@@ -37,6 +46,12 @@ bindir() {
         *) echo "$CACHE/kubernetes-$KUBERNETES_VERSION-$RECIPE/bin" ;;
       esac ;;
     helm) echo "$CACHE/helm-$HELM_VERSION-$RECIPE/bin" ;;
+    kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
+      echo "$CACHE/kubernetes-node-$KUBERNETES_VERSION-$RECIPE/bin" ;;
+    coredns) echo "$CACHE/coredns-$COREDNS_VERSION-$RECIPE/bin" ;;
+    crictl) echo "$CACHE/crictl-$CRITOOLS_VERSION-$RECIPE/bin" ;;
+    containerd|ctr|runc|buildah|mmdebstrap|iptables|conntrack) echo "/usr/bin" ;;
+    cni) echo "/usr/lib/cni" ;;
     prometheus|promtool|pgbouncer) echo "/usr/bin" ;;
     checkov) echo "$CACHE/checkov-$CHECKOV_VERSION/bin" ;;
     *) echo "unknown tool: $1" >&2; return 2 ;;
@@ -73,21 +88,21 @@ go_build() {
   mv "$out.tmp" "$out"
 }
 
-build_kubernetes() {
-  local dir; dir="$(bindir kube-apiserver)"
-  [[ -x "$dir/kube-apiserver" && -x "$dir/kubectl" ]] && return 0
-  need_go kube-apiserver
+# kubernetes_build OUTDIR PACKAGE...: k8s.io/kubernetes commands from one wrapper module.
+kubernetes_build() {
+  local dir="$1"; shift
+  need_go "${1##*/}"
   local staging="v0.${KUBERNETES_VERSION#v1.}"
   log "kubernetes $KUBERNETES_VERSION: reading its go.mod to pin the staging modules to $staging"
   local gomodfile
   gomodfile="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
   local replaces
-  replaces="$(python3 - "$gomodfile" "$staging" <<'EOF'
+  replaces="$(python3 - "$gomodfile" "$staging" <<'EOF2'
 import re, sys
 text = open(sys.argv[1]).read()
 mods = sorted(set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", text, re.M)))
 print("\n".join(f"replace {m} => {m} {sys.argv[2]}" for m in mods))
-EOF
+EOF2
 )"
   local gomod="module schedlock.dev/tools/kubernetes
 
@@ -97,23 +112,77 @@ require k8s.io/kubernetes $KUBERNETES_VERSION
 
 $replaces"
   # tools.go (build tag `tools`) keeps `go mod tidy` resolving what the builds need.
-  local tools='//go:build tools
+  local imports="" pkg
+  for pkg in "$@"; do imports+=$'\t'"_ \"$pkg\""$'\n'; done
+  local tools="//go:build tools
 
 package tools
 
 import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)'
+$imports)"
   # Without these the binaries report v0.0.0 and Helm's kubeVersion checks fail.
   local minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
-  local ld="" pkg
+  local ld=""
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
-  go_build "$dir" "kubernetes $KUBERNETES_VERSION" "$gomod" "tools.go:$tools" "$ld" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+  go_build "$dir" "kubernetes $KUBERNETES_VERSION" "$gomod" "tools.go:$tools" "$ld" "$@"
+}
+
+build_kubernetes() {
+  local dir; dir="$(bindir kube-apiserver)"
+  [[ -x "$dir/kube-apiserver" && -x "$dir/kubectl" ]] && return 0
+  kubernetes_build "$dir" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+}
+
+# The node's components: same module, same pins, same stamps as kube-apiserver (so the build
+# cache is shared), in a directory of their own so the API-server-only test bed stays small.
+build_kubernetes_node() {
+  local dir; dir="$(bindir kubelet)"
+  [[ -x "$dir/kubelet" && -x "$dir/kube-controller-manager" && -x "$dir/kube-scheduler" && -x "$dir/kube-proxy" ]] && return 0
+  kubernetes_build "$dir" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
+}
+
+build_coredns() {
+  local dir; dir="$(bindir coredns)"
+  [[ -x "$dir/coredns" ]] && return 0
+  need_go coredns
+  local gomod="module schedlock.dev/tools/coredns
+
+go 1.24
+
+require github.com/coredns/coredns $COREDNS_VERSION"
+  # CoreDNS's own main package, with the plugin list it ships (kubernetes, forward, cache…).
+  local main='package main
+
+import (
+	_ "github.com/coredns/coredns/core/plugin"
+	"github.com/coredns/coredns/coremain"
+)
+
+func main() { coremain.Run() }'
+  go_build "$dir" "coredns $COREDNS_VERSION" "$gomod" "main.go:$main" \
+    "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" .
+}
+
+build_crictl() {
+  local dir; dir="$(bindir crictl)"
+  [[ -x "$dir/crictl" ]] && return 0
+  need_go crictl
+  local gomod="module schedlock.dev/tools/crictl
+
+go 1.24
+
+require sigs.k8s.io/cri-tools $CRITOOLS_VERSION"
+  local tools='//go:build tools
+
+package tools
+
+import _ "sigs.k8s.io/cri-tools/cmd/crictl"'
+  go_build "$dir" "crictl $CRITOOLS_VERSION" "$gomod" "tools.go:$tools" \
+    "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRITOOLS_VERSION" sigs.k8s.io/cri-tools/cmd/crictl
 }
 
 build_etcd() {
@@ -185,14 +254,14 @@ install_debian() {
   $sudo apt-get update -qq >/dev/null
   # policy-rc.d keeps the packages' own services from starting: tests start their own instances.
   DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  for svc in prometheus pgbouncer; do
+  for svc in prometheus pgbouncer containerd; do
     command -v service >/dev/null && $sudo service "$svc" stop >/dev/null 2>&1 || true
   done
 }
 
 ensure() {
   local tools=("$@")
-  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm prometheus pgbouncer checkov)
+  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm prometheus pgbouncer checkov node images)
   for t in "${tools[@]}"; do
     case "$t" in
       kube-apiserver|kubectl)
@@ -207,6 +276,14 @@ ensure() {
       prometheus|promtool) install_debian prometheus ;;
       pgbouncer) install_debian pgbouncer ;;
       checkov) install_checkov ;;
+      kubelet|kube-controller-manager|kube-scheduler|kube-proxy) build_kubernetes_node ;;
+      coredns) build_coredns ;;
+      crictl) build_crictl ;;
+      containerd|ctr|runc|cni|iptables|conntrack)
+        install_debian containerd runc containernetworking-plugins iptables conntrack ;;
+      buildah|mmdebstrap) install_debian buildah mmdebstrap ;;
+      node) ensure kubelet coredns crictl containerd ;;
+      images) ensure buildah ;;
       *) echo "unknown tool: $t" >&2; exit 2 ;;
     esac
   done

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -21,48 +20,17 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.helm import CHART, Helm
 from tests.support.kube import KubeAPIServer
 from tests.support.operators import OperatorProcess
 from tests.support.pg_fixtures import PostgresService
 from tests.support.sidecars import SidecarGroup, wait_for
-from tests.support.tools import tool
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "schedlock"
 CRD = "scheduledpublishes.schedlock.dev"
 SECRET_PASSWORD = "n0t-in-the-notes"
 
 Manifest = dict[str, Any]
-
-
-class Helm:
-    """The pinned helm as the cluster admin, with its own HOME (config, cache, discovery)."""
-
-    def __init__(self, kube: KubeAPIServer, home: Path) -> None:
-        self.kube = kube
-        self.home = home
-        home.mkdir(parents=True, exist_ok=True)
-
-    def __call__(self, *args: object, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("HELM_", "KUBECONFIG"))},
-            "HOME": str(self.home),
-            "HELM_CACHE_HOME": str(self.home / "cache"),
-            "HELM_CONFIG_HOME": str(self.home / "config"),
-            "HELM_DATA_HOME": str(self.home / "data"),
-        }
-        command = [
-            str(tool("helm")),
-            *(str(a) for a in args),
-            "--kubeconfig",
-            str(self.kube.admin_kubeconfig),
-        ]
-        result = subprocess.run(
-            command, env=env, capture_output=True, text=True, check=False, timeout=180
-        )
-        if check:
-            assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
-        return result
 
 
 def _get(kube: KubeAPIServer, *what: str, namespace: str | None = None) -> Manifest | None:
@@ -89,7 +57,7 @@ def _adopt_existing_crd(kube: KubeAPIServer, release: str, namespace: str) -> No
 
 
 def test_install_upgrade_uninstall(kube: KubeAPIServer, tmp_path: Path) -> None:
-    helm = Helm(kube, tmp_path / "helm-home")
+    helm = Helm(kube.admin_kubeconfig, tmp_path / "helm-home")
     release = "schedlock"
     namespace = f"sl-{uuid.uuid4().hex[:8]}"
     url = f"postgresql://schedlock:{SECRET_PASSWORD}@db.example:5432/app"
@@ -250,7 +218,7 @@ def test_operator_runs_on_the_charts_rendered_rbac(
     migrated_template: str,
     tmp_path: Path,
 ) -> None:
-    helm = Helm(kube, tmp_path / "helm-home")
+    helm = Helm(kube.admin_kubeconfig, tmp_path / "helm-home")
     release = f"rbac-{uuid.uuid4().hex[:6]}"
     namespace = f"{release}-system"
     apps = f"{release}-apps"

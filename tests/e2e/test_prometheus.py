@@ -12,22 +12,17 @@ import json
 import math
 import re
 import signal
-import subprocess
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from monitoring import dashboard, generate
-from tests.support.pg import free_port
-from tests.support.procs import die_with_parent, terminate
+from tests.support.prometheus import Prometheus, static_scrape_config
 from tests.support.rows import insert_rows, row_states
-from tests.support.sidecars import SidecarGroup, http_get, wait_for
+from tests.support.sidecars import SidecarGroup, wait_for
 
 FOR = "5s"
 FOR_SECONDS = 5.0
@@ -38,93 +33,6 @@ FIRING_WITHIN = FOR_SECONDS + 1 + 0.8 + 1 + 1 + 2.2
 LEASE = 4.0
 FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": "1"}
 KEYS = {("publish", "default", "demo"), ("recurring", "default", "demo")}
-
-
-@dataclass
-class Prometheus:
-    binary: Path
-    workdir: Path
-    targets: dict[str, int]  # pod name -> metrics port
-    rules: str
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Prometheus:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "rules.yaml").write_text(self.rules)
-        config = {
-            "global": {
-                "scrape_interval": SCRAPE,
-                "scrape_timeout": "800ms",
-                "evaluation_interval": SCRAPE,
-            },
-            "rule_files": ["rules.yaml"],
-            "scrape_configs": [
-                {
-                    "job_name": "schedlock",
-                    "honor_labels": True,
-                    "static_configs": [
-                        {
-                            "targets": [f"127.0.0.1:{port}"],
-                            "labels": {"pod": pod, "namespace": "default"},
-                        }
-                        for pod, port in self.targets.items()
-                    ],
-                }
-            ],
-        }
-        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        log = (self.workdir / "prometheus.log").open("ab")
-        self.process = subprocess.Popen(
-            [
-                str(self.binary),
-                f"--config.file={self.workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--log.level=warn",
-            ],
-            cwd=self.workdir,
-            stdout=log,
-            stderr=log,
-            preexec_fn=die_with_parent(),
-        )
-        log.close()
-        wait_for(
-            lambda: self._alive_or_fail() and http_get(f"{self.url}/-/ready")[0] == 200,
-            timeout=30,
-            interval=0.1,
-            what="Prometheus to be ready",
-        )
-        return self
-
-    def _alive_or_fail(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            pytest.fail(f"prometheus exited: {(self.workdir / 'prometheus.log').read_text()}")
-        return True
-
-    def api(self, path: str, **params: str) -> Any:
-        status, body = http_get(f"{self.url}{path}?{urllib.parse.urlencode(params)}", timeout=5)
-        assert status == 200, (path, params, body)
-        payload = json.loads(body)
-        assert payload["status"] == "success", payload
-        return payload["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        data = self.api("/api/v1/query", query=expr)
-        assert data["resultType"] == "vector", (expr, data)
-        return list(data["result"])
-
-    def alerts(self) -> list[dict[str, Any]]:
-        return list(self.api("/api/v1/alerts")["alerts"])
-
-    def stop(self) -> None:
-        terminate(self.process)
-        self.process = None
 
 
 @pytest.fixture
@@ -143,8 +51,9 @@ def start_prometheus(binary: Path, workdir: Path, group: SidecarGroup) -> Promet
     server = Prometheus(
         binary,
         workdir,
-        {sidecar.name: sidecar.http_port for sidecar in group},
+        [static_scrape_config({sidecar.name: sidecar.http_port for sidecar in group})],
         generate.prometheus_rules_yaml(for_override=FOR, interval=SCRAPE),
+        scrape_interval=SCRAPE,
     )
     try:
         server.start()

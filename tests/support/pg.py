@@ -169,6 +169,9 @@ class PostgresServer:
     settings: dict[str, str] = field(default_factory=dict)
     bindir: Path = field(default_factory=pg_bindir)
     process: subprocess.Popen[bytes] | None = None
+    # pg_hba.conf lines added after the template's (which trust loopback only), e.g. for pods
+    # on a node's bridge: ``host all all 10.244.0.0/24 scram-sha-256``.
+    hba: list[str] = field(default_factory=list)
 
     @property
     def datadir(self) -> Path:
@@ -202,6 +205,7 @@ class PostgresServer:
             shutil.copytree(template, self.datadir, symlinks=True)
             self.datadir.chmod(0o700)
             _chown_tree(self.datadir.parent, user)
+        self._write_hba()
         options = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -228,6 +232,16 @@ class PostgresServer:
                 start_new_session=True,
                 preexec_fn=self._preexec(),
             )
+
+    def _write_hba(self) -> None:
+        """Rewrite pg_hba.conf as the template's lines plus ``hba`` (first match wins: ours
+        come after loopback's trust, so they only widen who may connect)."""
+        if not self.hba:
+            return
+        template = template_cluster(self.bindir) / "pg_hba.conf"
+        hba_file = self.datadir / "pg_hba.conf"
+        # The copy exists already, owned by the server's user: rewriting it keeps the owner.
+        hba_file.write_text(template.read_text() + "\n".join(["", *self.hba, ""]))
 
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
