@@ -1,0 +1,481 @@
+"""Leadership follows the app, in-process: the hysteresis, what counts as "the app is not there"
+versus an HTTP failure, the readiness check, and the elector's states against a fake session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+
+import aiohttp
+import pytest
+from aiohttp import web
+from schedlock.settings import SettingError, build, check_url
+from schedlock.sidecar.delivery import Deliverer, lost_connection
+from schedlock.sidecar.lock import KeyElector, Leadership, Role
+from schedlock.sidecar.metrics import SidecarMetrics
+from schedlock.sidecar.settings import SidecarSettings
+from schedlock.sidecar.target import (
+    Check,
+    Health,
+    TargetWatch,
+    Thresholds,
+    answer_is_ready,
+    derive_check,
+    probe,
+)
+from schedlock.store import FireRow, Heartbeat, LockKey, TermStart
+
+TWO_TWO = Thresholds(failures=2, successes=2)
+
+
+# -- the hysteresis (pure) -------------------------------------------------------------------
+
+
+def run_checks(results: str, thresholds: Thresholds = TWO_TWO) -> str:
+    """Feed "+"/"-" check results from the start; the reachability after each ("U"/"d")."""
+    health = Health()
+    seen = ""
+    for result in results:
+        health = health.observe(result == "+", thresholds)
+        seen += "U" if health.reachable else "d"
+    return seen
+
+
+def test_starts_unreachable_and_needs_the_success_threshold_in_a_row() -> None:
+    assert not Health().reachable
+    assert run_checks("+") == "d"
+    assert run_checks("++") == "dU"
+    assert run_checks("+-+") == "ddd", "a failure in between restarts the count"
+    assert run_checks("+++", Thresholds(failures=1, successes=3)) == "ddU"
+
+
+def test_a_reachable_app_needs_the_failure_threshold_in_a_row() -> None:
+    assert run_checks("++-") == "dUU"
+    assert run_checks("++--") == "dUUd"
+    assert run_checks("++-+-+-+") == "dUUUUUUU", "isolated failures never hand over"
+    assert run_checks("++-", Thresholds(failures=1, successes=2)) == "dUd"
+
+
+def test_no_flapping_back_without_the_success_threshold() -> None:
+    assert run_checks("++--+-+--++") == "dUUdddddddU"
+
+
+def test_a_lost_delivery_confirmed_by_a_failed_check_is_unreachable_at_once() -> None:
+    health = Health(reachable=True, streak=0)
+    assert not health.lost_connection().reachable
+    assert health.lost_connection().observe(True, TWO_TWO) == Health(False, 1)
+
+
+# -- the check (pure parts) ------------------------------------------------------------------
+
+
+def test_the_default_check_connects_to_the_hook_host_and_port() -> None:
+    assert derive_check("http://127.0.0.1:8080/schedlock", "") == Check(
+        "tcp", "tcp://127.0.0.1:8080"
+    )
+    assert derive_check("https://app.local/hook", "").url == "tcp://app.local:443"
+    assert derive_check("http://app/hook", "").address == ("app", 80)
+    ipv6 = derive_check("http://[::1]:3000/hook", "")
+    assert ipv6.url == "tcp://[::1]:3000" and ipv6.address == ("::1", 3000)
+
+
+def test_a_configured_check_is_used_as_given() -> None:
+    assert derive_check("http://127.0.0.1:8080/x", "http://127.0.0.1:8081/ready") == Check(
+        "http", "http://127.0.0.1:8081/ready"
+    )
+    assert derive_check("http://127.0.0.1:8080/x", "tcp://127.0.0.1:9000").address == (
+        "127.0.0.1",
+        9000,
+    )
+
+
+@pytest.mark.parametrize(("status", "ready"), [(200, True), (204, True), (302, True)])
+def test_an_http_check_passes_on_200_to_399(status: int, ready: bool) -> None:
+    assert answer_is_ready(status) is ready
+
+
+@pytest.mark.parametrize("status", [404, 408, 429, 500, 503])
+def test_an_http_check_fails_on_any_other_answer(status: int) -> None:
+    assert not answer_is_ready(status)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["http://127.0.0.1:8080/ready", "https://app/healthz", "tcp://127.0.0.1:8080", "tcp://[::1]:1"],
+)
+def test_check_urls_that_are_accepted(raw: str) -> None:
+    assert check_url(raw) == raw
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["tcp://127.0.0.1", "tcp://host:80/path", "ftp://x/y", "127.0.0.1:8080", "http://h:99999/"],
+)
+def test_check_urls_that_are_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"tcp://host:port"):
+        check_url(raw)
+
+
+def test_settings_defaults_and_a_bad_value() -> None:
+    base = {"SCHEDLOCK_DATABASE_URL": "sqlite:///x.db", "SCHEDLOCK_TARGET": "demo"}
+    settings = build(SidecarSettings, None, base)
+    assert settings.target_ready_url == ""
+    assert (settings.target_check_seconds, settings.target_check_timeout) == (1.0, 1.0)
+    assert (settings.target_failure_threshold, settings.target_success_threshold) == (2, 2)
+    fast = build(SidecarSettings, None, {**base, "SCHEDLOCK_TARGET_CHECK_SECONDS": "0.2"})
+    assert fast.target_check_timeout == 1.0, "a check never times out faster than 1 s"
+    slow = build(SidecarSettings, None, {**base, "SCHEDLOCK_TARGET_CHECK_SECONDS": "30"})
+    assert slow.target_check_timeout == 5.0
+    with pytest.raises(SettingError, match="SCHEDLOCK_TARGET_READY_URL"):
+        build(SidecarSettings, None, {**base, "SCHEDLOCK_TARGET_READY_URL": "tcp://nohost"})
+    with pytest.raises(SettingError, match="SCHEDLOCK_TARGET_SUCCESS_THRESHOLD"):
+        build(SidecarSettings, None, {**base, "SCHEDLOCK_TARGET_SUCCESS_THRESHOLD": "0"})
+
+
+# -- what counts as "the app is not there" --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "lost"),
+    [
+        (ConnectionRefusedError(111, "Connection refused"), True),
+        (ConnectionResetError(104, "Connection reset by peer"), True),
+        (aiohttp.ServerDisconnectedError(), True),
+        (aiohttp.ClientOSError(104, "reset"), True),
+        (TimeoutError(), False),
+        (aiohttp.ServerTimeoutError("read timeout"), False),
+        (aiohttp.ClientPayloadError("truncated body"), False),
+        (aiohttp.TooManyRedirects(None, ()), False),  # type: ignore[arg-type]
+    ],
+)
+def test_lost_connection_versus_an_answer(exc: BaseException, lost: bool) -> None:
+    assert lost_connection(exc) is lost
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def tcp_app(handle: Handler) -> AsyncIterator[int]:
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def http_app(status: int) -> AsyncIterator[int]:
+    async def hook(_: web.Request) -> web.Response:
+        return web.Response(status=status, text="from the app")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
+
+
+ROW = FireRow(
+    id=1,
+    uid="uid-1",
+    namespace="default",
+    name="one",
+    target="demo",
+    due_at=datetime(2026, 1, 1, tzinfo=UTC),
+    payload={},
+    attempt=1,
+    max_attempts=3,
+    backoff_seconds=1.0,
+    starting_deadline_seconds=None,
+    db_now=datetime(2026, 1, 1, tzinfo=UTC),
+    orphan=False,
+)
+
+
+async def deliver_to(port: int, timeout: float = 2.0) -> tuple[int | None, bool]:
+    async with Deliverer(
+        f"http://127.0.0.1:{port}/schedlock", timeout_seconds=timeout, concurrency=1
+    ) as deliverer:
+        delivery = await deliverer.deliver(ROW, term=1)
+    return delivery.attempt.status, delivery.connection_lost
+
+
+async def test_a_closed_port_is_a_lost_connection() -> None:
+    assert await deliver_to(free_port()) == (None, True)
+
+
+async def test_an_app_that_closes_without_answering_is_a_lost_connection() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.close()
+
+    async with tcp_app(hang_up) as port:
+        assert await deliver_to(port) == (None, True)
+
+
+@pytest.mark.parametrize("status", [503, 429, 408, 404, 500])
+async def test_any_http_answer_is_the_app_answering(status: int) -> None:
+    async with http_app(status) as port:
+        assert await deliver_to(port) == (status, False)
+
+
+async def test_a_slow_app_is_a_timeout_not_a_lost_connection() -> None:
+    answer = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        await answer.wait()
+        writer.close()
+
+    async with tcp_app(slow) as port:
+        try:
+            assert await deliver_to(port, timeout=0.2) == (None, False)
+        finally:
+            answer.set()
+
+
+# -- the check and the watch, against real sockets ------------------------------------------
+
+
+async def test_probe_tcp_and_http() -> None:
+    assert await probe(Check("tcp", f"tcp://127.0.0.1:{free_port()}"), 1, None) is not None
+    async with http_app(200) as port:
+        assert await probe(Check("tcp", f"tcp://127.0.0.1:{port}"), 1, None) is None
+    async with aiohttp.ClientSession() as session:
+        async with http_app(204) as port:
+            assert await probe(Check("http", f"http://127.0.0.1:{port}/r"), 1, session) is None
+        async with http_app(503) as port:
+            error = await probe(Check("http", f"http://127.0.0.1:{port}/r"), 1, session)
+            assert error is not None and "HTTP 503" in error
+
+
+async def wait_set(event: asyncio.Event) -> None:
+    await asyncio.wait_for(event.wait(), 10)
+
+
+def watch_for(port: int, metrics: SidecarMetrics) -> TargetWatch:
+    return TargetWatch(
+        Check("tcp", f"tcp://127.0.0.1:{port}"),
+        interval=0.02,
+        timeout=1,
+        thresholds=TWO_TWO,
+        metrics=metrics,
+    )
+
+
+def gauge(metrics: SidecarMetrics) -> float | None:
+    return metrics.registry.get_sample_value("schedlock_target_up")
+
+
+async def test_the_watch_follows_the_app_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="schedlock.target")
+    metrics = SidecarMetrics()
+    stopping = asyncio.Event()
+    async with http_app(200) as port:
+        watch = watch_for(port, metrics)
+        assert watch.unreachable.is_set() and not watch.reachable.is_set()
+        assert gauge(metrics) == 0
+        task = asyncio.create_task(watch.run(stopping))
+        await wait_set(watch.reachable)
+        assert not watch.unreachable.is_set() and gauge(metrics) == 1
+        assert await watch.confirm(), "the app is there: a lost delivery is an attempt"
+    # The app is gone now (its port closed).
+    try:
+        await wait_set(watch.unreachable)
+        assert not watch.reachable.is_set() and gauge(metrics) == 0
+        assert "127.0.0.1" in watch.reason
+        assert not await watch.confirm()
+    finally:
+        stopping.set()
+        await task
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events == ["target_reachable", "target_unreachable"]
+
+
+async def test_confirm_makes_the_app_unreachable_at_once_and_is_shared() -> None:
+    metrics = SidecarMetrics()
+    watch = watch_for(free_port(), metrics)
+    watch.health = Health(reachable=True)
+    watch.reachable.set()
+    watch.unreachable.clear()
+    results = await asyncio.gather(*(watch.confirm() for _ in range(5)))
+    assert results == [False] * 5
+    assert watch.unreachable.is_set() and not watch.up
+    assert "delivery lost its connection" in watch.reason
+
+
+# -- the elector's states, against a fake lock session ---------------------------------------
+
+
+class FakeSession:
+    def __init__(self, log: list[str], grant: asyncio.Event) -> None:
+        self.log = log
+        self.grant = grant
+        self.key = KEY
+        self.holder = "me"
+        self.connected = False
+
+    async def connect(self) -> None:
+        self.log.append("connect")
+
+    async def close(self) -> None:
+        self.log.append("close")
+
+    async def acquire(self) -> None:
+        self.log.append("acquire")
+        await self.grant.wait()
+
+    async def begin_term(self) -> TermStart:
+        self.log.append("begin_term")
+        return TermStart(term=7, previous_holder=None, gap_seconds=None, previous_released=False)
+
+    async def heartbeat(self, term: int) -> Heartbeat:
+        return Heartbeat(alive=True, backlog=0, oldest_due_age=None)
+
+    async def release(self, term: int | None) -> None:
+        self.log.append(f"release:{term}")
+
+
+class FakeStore:
+    dialect = "postgresql"
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.grant = asyncio.Event()
+
+    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> FakeSession:
+        self.log.append("session")
+        return FakeSession(self.log, self.grant)
+
+
+class FakeApp:
+    def __init__(self) -> None:
+        self.reachable = asyncio.Event()
+        self.unreachable = asyncio.Event()
+        self.unreachable.set()
+        self.reason = "connection refused"
+
+    def set(self, up: bool) -> None:
+        (self.reachable if up else self.unreachable).set()
+        (self.unreachable if up else self.reachable).clear()
+
+
+KEY = LockKey("publish", "default", "demo")
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def elector() -> AsyncIterator[tuple[KeyElector, FakeStore, FakeApp, list[str]]]:
+    store, app, worked = FakeStore(), FakeApp(), []
+
+    async def work(leadership: Leadership, ending: asyncio.Event) -> None:
+        worked.append(f"term:{leadership.term}")
+        await ending.wait()
+        worked.append("ended")
+
+    subject = KeyElector(
+        store,  # type: ignore[arg-type]
+        KEY,
+        holder="me",
+        lease_seconds=10,
+        heartbeat_seconds=3,
+        step_down_after=8,
+        metrics=SidecarMetrics(),
+        work=work,
+        app=app,
+        rng=random.Random(1),
+    )
+    stopping = asyncio.Event()
+    task = asyncio.create_task(subject.run(stopping), name="elector-under-test")
+    try:
+        yield subject, store, app, worked
+    finally:
+        stopping.set()
+        store.grant.set()
+        await asyncio.wait_for(task, 10)
+
+
+def leader_gauge(subject: KeyElector) -> float | None:
+    return subject.metrics.registry.get_sample_value(
+        "schedlock_leader", {"scheduler": "publish", "namespace": "default", "target": "demo"}
+    )
+
+
+async def test_no_session_while_the_app_is_away_then_compete() -> None:
+    async with elector() as (subject, store, app, _):
+        await until(lambda: subject.role is Role.WAITING_FOR_APP)
+        await asyncio.sleep(0)
+        assert store.log == [], "no session, so no waiter that could be granted"
+        app.set(True)
+        await until(lambda: subject.role is Role.FOLLOWING and "acquire" in store.log)
+        assert store.log == ["session", "connect", "acquire"]
+
+
+async def test_a_follower_whose_app_goes_away_leaves_the_queue() -> None:
+    async with elector() as (subject, store, app, _):
+        app.set(True)
+        await until(lambda: "acquire" in store.log)
+        app.set(False)
+        await until(lambda: subject.role is Role.WAITING_FOR_APP)
+        assert store.log == ["session", "connect", "acquire", "close"]
+        assert "begin_term" not in store.log
+
+
+async def test_a_leader_whose_app_goes_away_ends_its_term_and_unlocks() -> None:
+    async with elector() as (subject, store, app, worked):
+        app.set(True)
+        store.grant.set()
+        await until(lambda: subject.role is Role.LEADING and worked == ["term:7"])
+        assert leader_gauge(subject) == 1
+        app.set(False)
+        await until(lambda: subject.role is Role.WAITING_FOR_APP)
+        assert worked == ["term:7", "ended"]
+        assert store.log[-2:] == ["release:7", "close"], "a checked unlock, not a dropped session"
+        assert leader_gauge(subject) == 0
+        released = subject.metrics.registry.get_sample_value(
+            "schedlock_leadership_transitions_total",
+            {
+                "scheduler": "publish",
+                "namespace": "default",
+                "target": "demo",
+                "direction": "released",
+            },
+        )
+        assert released == 1
+        # Back again: a candidate again, through a fresh session.
+        app.set(True)
+        await until(lambda: worked.count("term:7") == 2)
+        assert store.log.count("session") == 2
+
+
+async def test_granted_as_the_app_goes_away_unlocks_without_a_term() -> None:
+    async with elector() as (subject, store, app, worked):
+        app.set(True)
+        await until(lambda: "acquire" in store.log)
+        app.set(False)
+        store.grant.set()  # both at once: whichever the elector sees first, no term starts
+        await until(lambda: subject.role is Role.WAITING_FOR_APP)
+        assert "begin_term" not in store.log and worked == []
