@@ -10,7 +10,7 @@ import pytest
 from schedlock.store import open_store
 
 from tests.support.pg_fixtures import PostgresService, as_role
-from tests.support.sidecars import SidecarProcess, http_get, wait_for
+from tests.support.sidecars import SidecarProcess, http_get, stand_in_app_url, wait_for
 
 
 def sidecar_for(tmp_path: Path, url: str, name: str) -> SidecarProcess:
@@ -20,7 +20,7 @@ def sidecar_for(tmp_path: Path, url: str, name: str) -> SidecarProcess:
         {
             "SCHEDLOCK_DATABASE_URL": url,
             "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": "http://127.0.0.1:9/schedlock",
+            "SCHEDLOCK_TARGET_URL": stand_in_app_url(),
             "SCHEDLOCK_MIGRATE": "off",
         },
     ).start()

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.pg import PgBouncer
-from tests.support.sidecars import SidecarProcess, wait_for
+from tests.support.sidecars import SidecarProcess, stand_in_app_url, wait_for
 
 
 def run_sidecar(tmp_path: Path, url: str, name: str) -> SidecarProcess:
@@ -16,7 +16,7 @@ def run_sidecar(tmp_path: Path, url: str, name: str) -> SidecarProcess:
         {
             "SCHEDLOCK_DATABASE_URL": url,
             "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": "http://127.0.0.1:9/schedlock",
+            "SCHEDLOCK_TARGET_URL": stand_in_app_url(),
             "SCHEDLOCK_MIGRATE": "off",  # the owner migrated directly, as in production
             "SCHEDLOCK_LOG_FORMAT": "text",
         },

@@ -8,7 +8,13 @@ from pathlib import Path
 
 from tests.support.pg import PostgresServer, free_port
 from tests.support.rows import insert_rows
-from tests.support.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
+from tests.support.sidecars import (
+    SidecarGroup,
+    SidecarProcess,
+    http_get,
+    stand_in_app_url,
+    wait_for,
+)
 
 REQUIRED = [
     "schedlock_leader",
@@ -71,7 +77,7 @@ def test_database_down_at_start_waits_not_ready_then_recovers(tmp_path: Path) ->
         {
             "SCHEDLOCK_DATABASE_URL": url,
             "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": "http://127.0.0.1:9/schedlock",
+            "SCHEDLOCK_TARGET_URL": stand_in_app_url(),
         },
     ).start()
     server = PostgresServer(tmp_path / "late-postgres", port=port)

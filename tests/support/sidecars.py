@@ -6,8 +6,10 @@ import contextlib
 import json
 import os
 import signal
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -62,6 +64,25 @@ def parse_metrics(text: str) -> dict[str, float]:
             with contextlib.suppress(ValueError):
                 values[name] = float(value)
     return values
+
+
+_stand_in_app: socketserver.ThreadingTCPServer | None = None
+
+
+def stand_in_app_url() -> str:
+    """A target URL whose port accepts every connection and closes it: an app that is there.
+
+    For sidecars in tests that fire nothing but must lead (leadership follows the app: a
+    sidecar whose app does not answer never competes). One per test process, never stopped.
+    """
+    global _stand_in_app
+    if _stand_in_app is None:
+        _stand_in_app = socketserver.ThreadingTCPServer(
+            ("127.0.0.1", 0), socketserver.BaseRequestHandler
+        )
+        _stand_in_app.daemon_threads = True
+        threading.Thread(target=_stand_in_app.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{_stand_in_app.server_address[1]}/schedlock"
 
 
 @dataclass
@@ -121,6 +142,13 @@ class ReceiverProcess:
 
     def stop(self) -> None:
         terminate(self.process, 5)
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: the app vanishes at once, its port refuses connections from then on."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
         self.process = None
 
 
