@@ -19,6 +19,12 @@ a manifest or an annotation, only the Secret's name. An empty annotation turns t
 default off for that pod. A malformed value is never half-applied: the pod is not injected and
 the reason comes back as a warning.
 
+Leadership follows the app: the sidecar competes only while its app answers a readiness check,
+by default a TCP connect to the host and port of the target URL. The annotation
+``schedlock.dev/target-ready-url`` sets another one — ``http(s)://…`` to GET (200-399 is
+ready) or ``tcp://host:port`` — and is validated like the signing annotation: a malformed value
+means no sidecar and a warning.
+
 Invariants: the input is never mutated; a pod that already has the ``schedlock`` container is
 returned unchanged (re-injection is a no-op); names the injector adds never collide with the
 pod's own.
@@ -35,10 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedlock import __version__
+from schedlock.settings import check_url
 
 ANNOTATION_INJECT = "schedlock.dev/inject"
 ANNOTATION_TARGET = "schedlock.dev/target"
 ANNOTATION_TARGET_URL = "schedlock.dev/target-url"
+ANNOTATION_TARGET_READY_URL = "schedlock.dev/target-ready-url"
 ANNOTATION_DATABASE_SECRET = "schedlock.dev/database-secret"
 ANNOTATION_SIGNING_SECRET = "schedlock.dev/signing-secret"
 LABEL_INJECTED = "schedlock.dev/injected"
@@ -138,7 +146,17 @@ def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = 
             signing = parse_signing_secret(str(annotations[ANNOTATION_SIGNING_SECRET]))
         except ValueError as exc:
             return Decision(False, f"{ANNOTATION_SIGNING_SECRET} {exc}: not injected")
+    if ready_url(annotations):
+        try:
+            check_url(ready_url(annotations))
+        except ValueError as exc:
+            return Decision(False, f"{ANNOTATION_TARGET_READY_URL} {exc}: not injected")
     return Decision(True, "opted in", str(target), signing)
+
+
+def ready_url(annotations: Mapping[str, Any]) -> str:
+    """The readiness check the pod asks for; blank means the sidecar's default."""
+    return str(annotations.get(ANNOTATION_TARGET_READY_URL) or "").strip()
 
 
 def refusal(metadata: Mapping[str, Any], config: InjectionConfig) -> str | None:
@@ -174,7 +192,7 @@ def sidecar_container(
     def probe(path: str, **timing: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": METRICS_PORT_NAME}, **timing}
 
-    return {
+    container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": config.image,
         "args": ["sidecar"],
@@ -207,6 +225,11 @@ def sidecar_container(
         "resources": copy.deepcopy(config.resources),
         "securityContext": restricted_security_context(),
     }
+    if ready_url(annotations):
+        container["env"].append(
+            {"name": "SCHEDLOCK_TARGET_READY_URL", "value": ready_url(annotations)}
+        )
+    return container
 
 
 def signing_volume(secret: SecretRef, spec: Mapping[str, Any]) -> dict[str, Any]:

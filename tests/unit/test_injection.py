@@ -273,3 +273,34 @@ def test_schedlock_inject_signs_and_warns_on_one_code_path(
     assert main(["inject", "--signing-secret", "a/b c"]) == 2
     refused = capsys.readouterr().err
     assert "--signing-secret: must be NAME or NAME/KEY of a Secret; 'b c'" in refused
+
+
+# --------------------------------------------------------------------- readiness check of the app
+
+READY = "schedlock.dev/target-ready-url"
+
+
+def test_no_ready_annotation_leaves_the_sidecar_default() -> None:
+    env = {e["name"] for e in sidecar_of(injected(opted_in()))["env"]}
+    assert "SCHEDLOCK_TARGET_READY_URL" not in env  # a TCP connect to the target URL's port
+    blank = {e["name"] for e in sidecar_of(injected(opted_in(**{READY: " "})))["env"]}
+    assert "SCHEDLOCK_TARGET_READY_URL" not in blank
+
+
+@pytest.mark.parametrize("value", ["http://127.0.0.1:8080/ready", "tcp://127.0.0.1:8080"])
+def test_the_ready_annotation_is_passed_through(value: str) -> None:
+    env = {e["name"]: e for e in sidecar_of(injected(opted_in(**{READY: value})))["env"]}
+    assert env["SCHEDLOCK_TARGET_READY_URL"]["value"] == value
+
+
+@pytest.mark.parametrize("value", ["tcp://127.0.0.1", "ftp://x/ready", "/ready", "tcp://h:1/p"])
+def test_a_malformed_ready_annotation_means_no_sidecar_and_a_warning(value: str) -> None:
+    p = opted_in(**{READY: value})
+    decision = wants_sidecar(p["metadata"], CONFIG)
+    assert not decision.inject
+    assert decision.reason.startswith(READY) and decision.reason.endswith("not injected")
+    assert inject_pod(p["metadata"], p["spec"], CONFIG) is None
+    assert refusal(p["metadata"], CONFIG) == decision.reason  # the webhook's warning
+    warnings: list[str] = []
+    inject_manifest(p, CONFIG, warnings)
+    assert warnings == [f"Pod/app-1: {decision.reason}"]
