@@ -2,15 +2,19 @@
 
 A lock key is (scheduler, namespace, target).  Exactly one replica per key leads::
 
-      ┌──────────────┐  session opened,     ┌───────────┐  pg_advisory_lock   ┌─────────┐
-      │ DISCONNECTED │ ───────────────────▶ │ FOLLOWING │ ─── granted ──────▶ │ LEADING │
-      └──────────────┘  lease set, key      └───────────┘  + affinity check   └─────────┘
-             ▲          registered               ▲          + term bumped          │
-             │                                   │                                 │
-             │  session died / heartbeat late ───┴──── step down: close session ◀──┤
-             │  (back off, reconnect)                                              │
-             │                                                         SIGTERM     │
-             └──────────── RELEASED ◀── finish or abandon in-flight, unlock ◀──────┘
+  ┌─────────────────┐ app reachable  ┌──────────────┐ session opened, ┌───────────┐
+  │ WAITING_FOR_APP │ (success ────▶ │ DISCONNECTED │ lease set, key ▶│ FOLLOWING │
+  │  (no session)   │  threshold)    └──────────────┘ registered      └───────────┘
+  └─────────────────┘                     ▲                             │       │
+     ▲        ▲  app unreachable: close   │ session died / heartbeat    │       │ lock granted
+     │        └─ the session (no lock) ───┼─────────────────────────────┘       │ + affinity
+     │                                    │ late: close, back off               │ + term bumped
+     │                                    │                                     ▼
+     │  app unreachable: stop claiming,   └───────────────────────────────┌─────────┐
+     └─ return unsent rows, finish or abandon in-flight, checked unlock ──│ LEADING │
+                                                                          └─────────┘
+                             SIGTERM: finish or abandon in-flight, checked      │
+                             unlock, exit 0 ──────────────▶ RELEASED ◀──────────┘
 
 Invariants (DESIGN.md "Leadership"):
 
@@ -29,6 +33,14 @@ Invariants (DESIGN.md "Leadership"):
 6. After acquiring, a second transaction must see the lock in ``pg_locks`` for this backend;
    a transaction-mode pooler fails that check and the process exits with a clear error.
 7. SQLite: single process, leadership always granted, the same loop.
+8. Leadership follows the app (``schedlock.sidecar.target``): no session — so no place in
+   the lock queue — while the app is unreachable; a follower whose app goes away closes its
+   session; a leader whose app goes away ends its term like a graceful stop (rows not sent go
+   back to ``scheduled`` with their attempt not counted; in-flight ones finish within the
+   grace or stay ``firing`` for the next term to adopt with the same idempotency key), records
+   the release and unlocks (checked), so the next waiter is granted at once.  A lock granted
+   just as the app went away is unlocked before any term starts.  Competing again needs the
+   success threshold of passing checks in a row: no flapping.
 """
 
 from __future__ import annotations
