@@ -9,9 +9,11 @@ due every 200 ms ended ``failed`` when the leader's app died while its sidecar r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.e2e.test_leadership import lock_holders
 from tests.support.checks import assert_duplicates_only_across_crash
@@ -65,6 +67,25 @@ class Pod:
         self.app.stop()
 
 
+@pytest.fixture
+def two_pods(tmp_path: Path, migrated_database: str) -> Iterator[tuple[Pod, Pod]]:
+    """Two pods of one app, started (app first, as in steady state): (leader, follower)."""
+    pods = [Pod(tmp_path, migrated_database, f"pod-{n}") for n in range(2)]
+    try:
+        for pod in pods:
+            pod.app.start()
+            pod.sidecar.start()
+        for pod in pods:
+            pod.sidecar.wait_ready()
+        leader: Pod = wait_for(
+            lambda: next((p for p in pods if p.leads()), None), timeout=20, what="a leader"
+        )
+        yield leader, next(p for p in pods if p is not leader)
+    finally:
+        for pod in pods:
+            pod.stop()
+
+
 def not_ready_because(sidecar: SidecarProcess, words: str) -> bool:
     status, reason = http_get(sidecar.url("/readyz"))
     return status == 503 and words in reason
@@ -110,63 +131,50 @@ def assert_published_without_burned_attempts(
 
 
 def test_leader_whose_app_dies_hands_over_without_burning_attempts(
-    tmp_path: Path, migrated_database: str
+    two_pods: tuple[Pod, Pod], migrated_database: str
 ) -> None:
-    pods = [Pod(tmp_path, migrated_database, f"pod-{n}") for n in range(2)]
-    try:
-        for pod in pods:
-            pod.app.start()
-            pod.sidecar.start()
-        for pod in pods:
-            pod.sidecar.wait_ready()
-        first: Pod = wait_for(
-            lambda: next((p for p in pods if p.leads()), None), timeout=20, what="a leader"
-        )
-        second = next(p for p in pods if p is not first)
-        insert_rows(migrated_database, 60, start_in=0.5, spacing=0.2, prefix="gone")
-        wait_for(lambda: len(first.app.entries()) >= 5, timeout=20, what="fires before the kill")
+    first, second = two_pods
+    insert_rows(migrated_database, 60, start_in=0.5, spacing=0.2, prefix="gone")
+    wait_for(lambda: len(first.app.entries()) >= 5, timeout=20, what="fires before the kill")
 
-        first.app.kill()  # the app is gone; its sidecar runs on, as in a terminating pod
-        wait_for(second.leads, timeout=10, what="the other replica to lead")
-        wait_for(lambda: not first.leads(), timeout=10, what="the old leader to hand over")
-        wait_for(
-            lambda: all_finished(migrated_database, "gone", 60),
-            timeout=40,
-            what="every row to finish",
-        )
-        assert_published_without_burned_attempts(migrated_database, "gone", first, second)
-        assert "leadership_handed_over" in first.events()
-        assert "target_unreachable" in first.events()
-        assert not_ready_because(first.sidecar, "target unreachable")
-        assert first.target_up() == 0
+    first.app.kill()  # the app is gone; its sidecar runs on, as in a terminating pod
+    wait_for(second.leads, timeout=10, what="the other replica to lead")
+    wait_for(lambda: not first.leads(), timeout=10, what="the old leader to hand over")
+    wait_for(
+        lambda: all_finished(migrated_database, "gone", 60),
+        timeout=40,
+        what="every row to finish",
+    )
+    assert_published_without_burned_attempts(migrated_database, "gone", first, second)
+    assert "leadership_handed_over" in first.events()
+    assert "target_unreachable" in first.events()
+    assert not_ready_because(first.sidecar, "target unreachable")
+    assert first.target_up() == 0
 
-        # The app comes back: its sidecar is a candidate again, and leads when the other's
-        # app goes away in turn.
-        first.app.start()
-        wait_for(lambda: first.target_up() == 1, timeout=10, what="the app to count as back")
-        wait_for(
-            lambda: [len(e) for e in lock_holders(migrated_database).values()] == [2],
-            timeout=10,
-            what="the returned sidecar to wait for the lock again",
-        )
-        first.sidecar.wait_ready(timeout=10)
-        insert_rows(migrated_database, 30, start_in=0.3, spacing=0.2, prefix="back")
-        wait_for(
-            lambda: sum(str(e["uid"]).startswith("back-") for e in second.app.entries()) >= 5,
-            timeout=20,
-            what="fires before the second kill",
-        )
-        second.app.kill()
-        wait_for(first.leads, timeout=10, what="the returned sidecar to lead again")
-        wait_for(
-            lambda: all_finished(migrated_database, "back", 30),
-            timeout=40,
-            what="every row to finish",
-        )
-        assert_published_without_burned_attempts(migrated_database, "back", second, first)
-    finally:
-        for pod in pods:
-            pod.stop()
+    # The app comes back: its sidecar is a candidate again, and leads when the other's
+    # app goes away in turn.
+    first.app.start()
+    wait_for(lambda: first.target_up() == 1, timeout=10, what="the app to count as back")
+    wait_for(
+        lambda: [len(e) for e in lock_holders(migrated_database).values()] == [2],
+        timeout=10,
+        what="the returned sidecar to wait for the lock again",
+    )
+    first.sidecar.wait_ready(timeout=10)
+    insert_rows(migrated_database, 30, start_in=0.3, spacing=0.2, prefix="back")
+    wait_for(
+        lambda: sum(str(e["uid"]).startswith("back-") for e in second.app.entries()) >= 5,
+        timeout=20,
+        what="fires before the second kill",
+    )
+    second.app.kill()
+    wait_for(first.leads, timeout=10, what="the returned sidecar to lead again")
+    wait_for(
+        lambda: all_finished(migrated_database, "back", 30),
+        timeout=40,
+        what="every row to finish",
+    )
+    assert_published_without_burned_attempts(migrated_database, "back", second, first)
 
 
 def test_sidecar_started_before_its_app_holds_no_lock_until_it_answers(
@@ -238,30 +246,17 @@ def test_single_replica_whose_app_is_down_fires_nothing_until_it_is_back(
 
 
 def test_follower_whose_app_is_gone_leaves_the_lock_queue_and_rejoins(
-    tmp_path: Path, migrated_database: str
+    two_pods: tuple[Pod, Pod], migrated_database: str
 ) -> None:
-    pods = [Pod(tmp_path, migrated_database, f"queue-{n}") for n in range(2)]
-    try:
-        for pod in pods:
-            pod.app.start()
-            pod.sidecar.start()
-        for pod in pods:
-            pod.sidecar.wait_ready()
-        leader: Pod = wait_for(
-            lambda: next((p for p in pods if p.leads()), None), timeout=20, what="a leader"
-        )
-        follower = next(p for p in pods if p is not leader)
+    leader, follower = two_pods
 
-        def waiting() -> list[int]:
-            return [len(e) for e in lock_holders(migrated_database).values()]
+    def waiting() -> list[int]:
+        return [len(e) for e in lock_holders(migrated_database).values()]
 
-        wait_for(lambda: waiting() == [2], timeout=10, what="the follower in the lock queue")
-        follower.app.kill()
-        wait_for(lambda: waiting() == [1], timeout=10, what="the follower to leave the queue")
-        assert leader.leads()
-        follower.app.start()
-        wait_for(lambda: waiting() == [2], timeout=10, what="the follower to rejoin the queue")
-        assert leader.leads()
-    finally:
-        for pod in pods:
-            pod.stop()
+    wait_for(lambda: waiting() == [2], timeout=10, what="the follower in the lock queue")
+    follower.app.kill()
+    wait_for(lambda: waiting() == [1], timeout=10, what="the follower to leave the queue")
+    assert leader.leads()
+    follower.app.start()
+    wait_for(lambda: waiting() == [2], timeout=10, what="the follower to rejoin the queue")
+    assert leader.leads()
