@@ -1,0 +1,280 @@
+"""The container images, built here from the project's own Dockerfile by ``hack/images.sh``.
+
+What a node imports is checked as a node would read it: the OCI layout tarball (digests, sizes,
+layer diff ids), the name containerd tags it with, the image config (non-root user,
+entrypoint), and the files of the merged layers (whiteouts applied): the schedlock command in,
+pip and the build's own plumbing out.  The schedlock command then runs from the unpacked
+layers with ``chroot`` as uid 65532, no container runtime involved.  Running the images as pods
+is the cluster tests' business.
+
+The first run builds the images (base ~1 min, schedlock ~1 min, demo-app ~10 s on two cores;
+the script logs each step live); later runs reuse ``~/.cache/schedlock/images`` until an
+input changes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+from schedlock import __version__
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = REPO / "hack" / "images.sh"
+BUILD_TIMEOUT = 1800
+
+pytestmark = pytest.mark.timeout(BUILD_TIMEOUT)
+
+
+def _images(*args: str) -> str:
+    done = subprocess.run(
+        ["bash", str(IMAGES), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+        timeout=BUILD_TIMEOUT,
+    )
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def archives(pytestconfig: pytest.Config) -> dict[str, Path]:
+    """Build what is missing or stale, with the script's progress shown live (not captured)."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        sys.stderr.write(
+            "\n==> hack/images.sh ensure schedlock demo-app (cached after the first build)\n"
+        )
+        _images("ensure", "schedlock", "demo-app")
+    return {name: Path(_images("path", name)) for name in ("schedlock", "demo-app")}
+
+
+# --------------------------------------------------------------------------- reading OCI
+
+
+@dataclass
+class Image:
+    index: dict[str, Any]
+    manifest: dict[str, Any]
+    config: dict[str, Any]
+    layers: list[Path]  # gzip-compressed tar layers, bottom first
+
+
+def _blob(layout: Path, digest: str) -> Path:
+    algorithm, _, hexdigest = digest.partition(":")
+    assert algorithm == "sha256", digest
+    return layout / "blobs" / algorithm / hexdigest
+
+
+def _verified(layout: Path, descriptor: dict[str, Any]) -> bytes:
+    data = _blob(layout, descriptor["digest"]).read_bytes()
+    assert len(data) == descriptor["size"], descriptor
+    assert "sha256:" + hashlib.sha256(data).hexdigest() == descriptor["digest"], descriptor
+    return data
+
+
+def open_archive(archive: Path, into: Path) -> Image:
+    """Unpack an OCI archive and check every digest, size and diff id it names."""
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    assert json.loads((into / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
+    index = json.loads((into / "index.json").read_text())
+    assert index["schemaVersion"] == 2
+    (entry,) = index["manifests"]
+    assert entry["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    manifest = json.loads(_verified(into, entry))
+    config = json.loads(_verified(into, manifest["config"]))
+    layers = []
+    for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True):
+        assert layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+gzip"
+        raw = gzip.decompress(_verified(into, layer))
+        # containerd checks this when it unpacks: a wrong diff id fails every pod.
+        assert "sha256:" + hashlib.sha256(raw).hexdigest() == diff_id
+        layers.append(_blob(into, layer["digest"]))
+    return Image(index=index, manifest=manifest, config=config, layers=layers)
+
+
+def _layer_members(layer: Path) -> Iterator[tuple[str, tarfile.TarInfo]]:
+    with tarfile.open(layer, "r:gz") as tar:
+        for member in tar:
+            name = str(PurePosixPath("/", member.name))
+            if name != "/":
+                yield name, member
+
+
+def _whiteout(files: dict[str, Any], name: str) -> bool:
+    """Apply ``name`` if it is a whiteout (OCI image spec, layer changesets); True if it was."""
+    path = PurePosixPath(name)
+    if path.name == ".wh..wh..opq":
+        prefix = f"{path.parent}/"
+        for lower in [f for f in files if f.startswith(prefix)]:
+            del files[lower]
+        return True
+    if path.name.startswith(".wh."):
+        gone = str(path.parent / path.name.removeprefix(".wh."))
+        for lower in [f for f in files if f == gone or f.startswith(f"{gone}/")]:
+            del files[lower]
+        return True
+    return False
+
+
+def merged_files(image: Image) -> dict[str, tarfile.TarInfo]:
+    """The image's file system as a runtime assembles it: each layer over the ones below."""
+    files: dict[str, tarfile.TarInfo] = {}
+    for layer in image.layers:
+        members = list(_layer_members(layer))
+        # A layer's whiteouts hide the layers below, never the layer's own files.
+        added = [(name, m) for name, m in members if not _whiteout(files, name)]
+        files.update(added)
+    return files
+
+
+def unpack(image: Image, root: Path) -> None:
+    """The merged file system on disk (as root: owners, modes and links as in the image)."""
+    root.mkdir()
+    for layer in image.layers:
+        # Whiteouts first (they hide what the layers below put there), then the layer's files.
+        for name, _ in _layer_members(layer):
+            path = PurePosixPath(name)
+            if path.name == ".wh..wh..opq":
+                targets = list((root / path.parent.relative_to("/")).iterdir())
+            elif path.name.startswith(".wh."):
+                targets = [root / path.parent.relative_to("/") / path.name.removeprefix(".wh.")]
+            else:
+                continue
+            for target in targets:
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                elif target.exists() or target.is_symlink():
+                    target.unlink()
+        subprocess.run(
+            ["tar", "-xzf", str(layer), "-C", str(root), "--exclude=.wh.*", "--numeric-owner"],
+            check=True,
+        )
+
+
+def _env(image: Image) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in image.config["config"]["Env"])
+
+
+# --------------------------------------------------------------------------- schedlock
+
+
+@pytest.fixture(scope="module")
+def schedlock_image(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Image:
+    return open_archive(archives["schedlock"], tmp_path_factory.mktemp("schedlock-oci"))
+
+
+def test_schedlock_archive_names_its_reference(
+    archives: dict[str, Path], schedlock_image: Image
+) -> None:
+    ref = _images("ref", "schedlock")
+    assert re.fullmatch(rf"schedlock\.local/schedlock:{re.escape(__version__)}-[0-9a-f]{{12}}", ref)
+    (entry,) = schedlock_image.index["manifests"]
+    # ref.name for OCI tools; io.containerd.image.name is what `ctr images import` tags.
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == ref
+    assert entry["annotations"]["io.containerd.image.name"] == ref
+    assert archives["schedlock"].name == f"schedlock-{ref.rsplit('-', 1)[1]}.oci.tar"
+
+
+def test_schedlock_config_is_non_root_with_the_schedlock_entrypoint(schedlock_image: Image) -> None:
+    config = schedlock_image.config
+    assert (config["os"], config["architecture"]) == ("linux", "amd64")
+    assert config["config"]["User"].split(":") == ["65532", "65532"]
+    assert config["config"]["Entrypoint"] == ["schedlock"]
+    assert _env(schedlock_image)["PATH"].startswith("/opt/schedlock/bin:")
+    labels = config["config"]["Labels"]
+    assert labels["org.opencontainers.image.version"] == __version__
+    assert labels["org.opencontainers.image.title"] == "schedlock"
+
+
+def test_schedlock_layers_hold_the_command_and_no_pip(schedlock_image: Image) -> None:
+    files = merged_files(schedlock_image)
+    command = files["/opt/schedlock/bin/schedlock"]
+    assert command.isfile() and command.mode & 0o111 == 0o111
+    assert "/opt/schedlock/bin/python" in files
+    installed = re.compile(r"/(site|dist)-packages/(pip|setuptools|wheel)(-[^/]*\.dist-info)?$")
+    leftovers = [
+        name
+        for name in files
+        if re.search(r"/bin/(pip|pip3|pip3\.\d+|wheel)$", name) or installed.search(name)
+    ]
+    assert leftovers == [], "the runtime image must carry no pip, setuptools or wheel"
+    schedlock_pkg = [
+        n for n in files if n.startswith("/opt/schedlock/lib/python3.11/site-packages/")
+    ]
+    assert any(n.endswith("/schedlock/cli.py") for n in schedlock_pkg)
+    # The build's mount points (buildah leaves them empty in the layer; hack/images.sh drops
+    # them) and the sources never reach the image.
+    for plumbing in ("/etc/pip.conf", "/run/host-ca.crt", "/etc/hosts", "/etc/resolv.conf"):
+        assert plumbing not in files
+    assert not [n for n in files if n.startswith(("/src/", "/wheels/"))]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unpacking an image with its owners needs root")
+def test_schedlock_runs_from_the_layers_as_uid_65532(
+    schedlock_image: Image, tmp_path: Path
+) -> None:
+    root = tmp_path / "rootfs"
+    unpack(schedlock_image, root)
+    env = _env(schedlock_image)
+
+    def schedlock(*args: str) -> str:
+        done = subprocess.run(
+            ["chroot", "--userspec=65532:65532", str(root), "schedlock", *args],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert schedlock("--version").strip() == f"schedlock {__version__}"
+    assert "SCHEDLOCK_DATABASE_URL" in schedlock("sidecar", "--help")
+    assert "SCHEDLOCK_WEBHOOK_CERT_FILE" in schedlock("operator", "--help")
+
+
+# --------------------------------------------------------------------------- demo app
+
+
+def test_demo_app_image(archives: dict[str, Path], tmp_path: Path) -> None:
+    image = open_archive(archives["demo-app"], tmp_path / "oci")
+    ref = _images("ref", "demo-app")
+    assert re.fullmatch(r"schedlock\.local/demo-app:[0-9a-f]{12}", ref)
+    (entry,) = image.index["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == ref
+    config = image.config["config"]
+    assert config["User"].split(":") == ["65532", "65532"]
+    assert config["Entrypoint"] == ["python", "/app/app.py"]
+    assert _env(image)["PORT"] == "8080"
+    files = merged_files(image)
+    # The image holds exactly the app the tests import (the cache key is its content).
+    with tarfile.open(image.layers[-1], "r:gz") as tar:
+        member = tar.extractfile("app/app.py")
+        assert member is not None
+        assert member.read() == (REPO / "examples" / "demo-app" / "app.py").read_bytes()
+    assert files["/usr/local/bin/python"].issym()
+
+
+def test_demo_app_containerfile_passes_hadolint() -> None:
+    hadolint = Path(sys.executable).parent / "hadolint"
+    containerfile = REPO / "examples" / "demo-app" / "Containerfile"
+    result = subprocess.run(
+        [str(hadolint), str(containerfile)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
