@@ -14,7 +14,8 @@
 #   coredns                  github.com/coredns/coredns (Go module): the cluster DNS
 #   crictl                   sigs.k8s.io/cri-tools (Go module): inspect the node's containers
 #   containerd, runc, cni    Debian's `containerd`, `runc`, `containernetworking-plugins`,
-#                            `iptables`, `conntrack`: the node's runtime and network
+#                            `iptables`, `nftables`, `conntrack`: the node's runtime and network
+#                            (`nft` is how the test bed removes the tables iptables-nft leaves)
 #   buildah, mmdebstrap      Debian's packages: the images, built here from the Dockerfile
 #   prometheus, promtool     Debian's `prometheus` package
 #   pgbouncer                Debian's `pgbouncer` package
@@ -50,7 +51,9 @@ bindir() {
       echo "$CACHE/kubernetes-node-$KUBERNETES_VERSION-$RECIPE/bin" ;;
     coredns) echo "$CACHE/coredns-$COREDNS_VERSION-$RECIPE/bin" ;;
     crictl) echo "$CACHE/crictl-$CRITOOLS_VERSION-$RECIPE/bin" ;;
-    containerd|ctr|runc|buildah|mmdebstrap|iptables|conntrack) echo "/usr/bin" ;;
+    containerd|ctr|buildah|mmdebstrap) echo "/usr/bin" ;;
+    # Debian installs these under sbin (runc has a /usr/bin link, the others do not).
+    runc|iptables|nft|conntrack) echo "/usr/sbin" ;;
     cni) echo "/usr/lib/cni" ;;
     prometheus|promtool|pgbouncer) echo "/usr/bin" ;;
     checkov) echo "$CACHE/checkov-$CHECKOV_VERSION/bin" ;;
@@ -279,8 +282,8 @@ ensure() {
       kubelet|kube-controller-manager|kube-scheduler|kube-proxy) build_kubernetes_node ;;
       coredns) build_coredns ;;
       crictl) build_crictl ;;
-      containerd|ctr|runc|cni|iptables|conntrack)
-        install_debian containerd runc containernetworking-plugins iptables conntrack ;;
+      containerd|ctr|runc|cni|iptables|nft|conntrack)
+        install_debian containerd runc containernetworking-plugins iptables nftables conntrack ;;
       buildah|mmdebstrap) install_debian buildah mmdebstrap ;;
       node) ensure kubelet coredns crictl containerd ;;
       images) ensure buildah ;;
