@@ -10,6 +10,11 @@ The point of RBAC being on is `service_account_kubeconfig()`: a test can run a c
 bearer token for exactly the ServiceAccount the chart gives it, so a missing rule in the chart's
 Role fails the test instead of passing silently with admin rights.
 
+The constructor's other options (bind and advertise address, extra serving-cert SANs, service
+CIDR, authorization modes, ServiceAccount admission, extra flags) and `issue_cert()` /
+`client_kubeconfig()` serve `tests.support.cluster`, which runs a real node against this same
+server; the defaults keep the envtest-style bed described above.
+
 This module has no pytest dependency so a dev-stack script can use it too.
 """
 
@@ -30,7 +35,7 @@ import time
 import urllib.error
 import urllib.request
 from base64 import b64encode
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -119,12 +124,15 @@ class _Pki:
     """Paths of the PEM files the processes and clients need."""
 
     ca_cert: Path
+    ca_key: Path
     serving_cert: Path
     serving_key: Path
     admin_cert: Path
     admin_key: Path
     sa_public_key: Path
     sa_private_key: Path
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
@@ -203,8 +211,15 @@ def _new_ec_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _generate_pki(certdir: Path) -> _Pki:
-    """Create the CA, serving and admin certs and the RSA service-account key pair."""
+def _general_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def _generate_pki(certdir: Path, extra_sans: Sequence[str] = ()) -> _Pki:
+    """Create the CA, serving, admin and kubelet-client certs and the service-account keys."""
     certdir.mkdir(parents=True, exist_ok=True)
     ca_key, ca_name = _new_ec_key(), _name("schedlock-testbed-ca")
     ca_extensions: list[tuple[x509.ExtensionType, bool]] = [
@@ -216,7 +231,7 @@ def _generate_pki(certdir: Path) -> _Pki:
 
     serving_key = _new_ec_key()
     sans = x509.SubjectAlternativeName(
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        [_general_name(host) for host in dict.fromkeys(["localhost", "127.0.0.1", *extra_sans])]
     )
     serving_extensions = [*_leaf_extensions(ExtendedKeyUsageOID.SERVER_AUTH), (sans, False)]
     serving_cert = _issue(_name("kube-apiserver"), serving_key, ca, serving_extensions)
@@ -226,6 +241,15 @@ def _generate_pki(certdir: Path) -> _Pki:
     admin_extensions = _leaf_extensions(ExtendedKeyUsageOID.CLIENT_AUTH)
     admin_cert = _issue(_name("admin", "system:masters"), admin_key, ca, admin_extensions)
 
+    # What the API server presents to kubelets (exec, logs, port-forward), as kubeadm does.
+    kubelet_client_key = _new_ec_key()
+    kubelet_client_cert = _issue(
+        _name("kube-apiserver-kubelet-client", "system:masters"),
+        kubelet_client_key,
+        ca,
+        admin_extensions,
+    )
+
     # The service-account signer: RSA, as envtest and kubeadm use.
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     sa_public = sa_key.public_key().public_bytes(
@@ -233,13 +257,28 @@ def _generate_pki(certdir: Path) -> _Pki:
     )
     return _Pki(
         ca_cert=_write_private(certdir / "ca.crt", _pem_cert(ca_cert)),
+        ca_key=_write_private(certdir / "ca.key", _pem_key(ca_key)),
         serving_cert=_write_private(certdir / "apiserver.crt", _pem_cert(serving_cert)),
         serving_key=_write_private(certdir / "apiserver.key", _pem_key(serving_key)),
         admin_cert=_write_private(certdir / "admin.crt", _pem_cert(admin_cert)),
         admin_key=_write_private(certdir / "admin.key", _pem_key(admin_key)),
         sa_public_key=_write_private(certdir / "sa.pub", sa_public),
         sa_private_key=_write_private(certdir / "sa.key", _pem_key(sa_key)),
+        kubelet_client_cert=_write_private(
+            certdir / "apiserver-kubelet-client.crt", _pem_cert(kubelet_client_cert)
+        ),
+        kubelet_client_key=_write_private(
+            certdir / "apiserver-kubelet-client.key", _pem_key(kubelet_client_key)
+        ),
     )
+
+
+def _load_ca(pki: _Pki) -> tuple[x509.Name, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise KubeAPIServerError(f"{pki.ca_key} is not the EC key _generate_pki writes")
+    return cert.subject, key
 
 
 # --------------------------------------------------------------------------- processes
@@ -264,6 +303,26 @@ def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def spawn_process(
+    args: Sequence[str], log: Path, *, cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a server in its own session (so its whole group can be killed), logging to LOG.
+
+    PR_SET_PDEATHSIG kills it with the spawning thread, so a crashed test run leaves no server.
+    """
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
 
 
 def _stop_process(proc: subprocess.Popen[bytes], grace: float = _STOP_GRACE_SECONDS) -> None:
@@ -313,8 +372,31 @@ class KubeAPIServer:
         etcd_bin: Path | None = None,
         apiserver_bin: Path | None = None,
         kubectl_bin: Path | None = None,
+        bind_address: str = "127.0.0.1",
+        advertise_address: str = "127.0.0.1",
+        extra_sans: Sequence[str] = (),
+        service_cluster_ip_range: str = SERVICE_CLUSTER_IP_RANGE,
+        authorization_modes: Sequence[str] = ("RBAC",),
+        service_account_admission: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        """The defaults are the envtest-style bed; a real node needs the other options.
+
+        BIND_ADDRESS is where the secure port listens (``0.0.0.0`` to serve pods too; clients
+        on the host keep using ``url``, 127.0.0.1). ADVERTISE_ADDRESS becomes the endpoint of
+        the ``kubernetes`` Service. EXTRA_SANS are added to the serving cert (IPs or DNS
+        names). SERVICE_ACCOUNT_ADMISSION turns the ServiceAccount admission plugin back on,
+        which only works when a controller-manager creates the ``default`` ServiceAccounts.
+        EXTRA_ARGS go last on the kube-apiserver command line.
+        """
         self.workdir = Path(workdir).resolve()
+        self.bind_address = bind_address
+        self.advertise_address = advertise_address
+        self.extra_sans = tuple(extra_sans)
+        self.service_cluster_ip_range = service_cluster_ip_range
+        self.authorization_modes = tuple(authorization_modes)
+        self.service_account_admission = service_account_admission
+        self.extra_args = tuple(extra_args)
         self.etcd_bin = _binary(etcd_bin, "etcd")
         self.apiserver_bin = _binary(apiserver_bin, "kube-apiserver")
         self.kubectl_bin = _binary(kubectl_bin, "kubectl")
@@ -344,6 +426,17 @@ class KubeAPIServer:
         return self._require_pki().ca_cert
 
     @property
+    def ca_key_path(self) -> Path:
+        """PEM of the CA's private key (a controller-manager signs CSRs with it)."""
+        return self._require_pki().ca_key
+
+    @property
+    def service_account_key_paths(self) -> tuple[Path, Path]:
+        """(public, private) PEM of the service-account token signing key."""
+        pki = self._require_pki()
+        return pki.sa_public_key, pki.sa_private_key
+
+    @property
     def admin_kubeconfig(self) -> Path:
         """Kubeconfig with embedded CA and the system:masters client cert/key."""
         return self.kubeconfig_dir / "admin.yaml"
@@ -371,7 +464,7 @@ class KubeAPIServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # A restart gets a fresh cluster: old data would hold tokens signed by the old key.
         shutil.rmtree(self.etcd_data, ignore_errors=True)
-        self._pki = _generate_pki(self.certdir)
+        self._pki = _generate_pki(self.certdir, self.extra_sans)
         self._ssl_context = None  # it trusts and presents the previous PKI
         deadline = time.monotonic() + timeout
         for attempt in range(1, _BIND_RETRIES + 1):
@@ -445,39 +538,34 @@ class KubeAPIServer:
 
     def _apiserver_args(self, secure_port: int, etcd_client_port: int) -> list[str]:
         pki = self._require_pki()
-        return [
+        args = [
             str(self.apiserver_bin),
             f"--etcd-servers=http://127.0.0.1:{etcd_client_port}",
             f"--secure-port={secure_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.bind_address}",
+            f"--advertise-address={self.advertise_address}",
             f"--cert-dir={self.certdir}",
             f"--tls-cert-file={pki.serving_cert}",
             f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
-            "--authorization-mode=RBAC",
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            f"--authorization-mode={','.join(self.authorization_modes)}",
             f"--service-account-issuer=https://127.0.0.1:{secure_port}",
             f"--service-account-key-file={pki.sa_public_key}",
             f"--service-account-signing-key-file={pki.sa_private_key}",
-            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--service-cluster-ip-range={self.service_cluster_ip_range}",
             "--allow-privileged=true",
+        ]
+        if not self.service_account_admission:
             # As envtest: no controller-manager runs, so nothing would create the `default`
             # ServiceAccount and the admission plugin would reject every pod.
-            "--disable-admission-plugins=ServiceAccount",
-        ]
+            args.append("--disable-admission-plugins=ServiceAccount")
+        return [*args, *self.extra_args]
 
     def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-        """Start a server in its own session, so stop() can kill its whole group; log to LOG."""
-        with log.open("ab") as out:
-            return subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )
+        return spawn_process(args, log, cwd=self.workdir)
 
     def _wait_for(self, deadline: float, what: str, probe: Callable[[], bool]) -> None:
         """Poll PROBE until it is true; fail early, with logs, if a process has exited."""
@@ -526,7 +614,7 @@ class KubeAPIServer:
             self._ssl_context = context
         return self._ssl_context
 
-    def _request(self, method: str, path: str, body: object | None = None) -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: object | None = None) -> tuple[int, bytes]:
         """Call the API as admin; returns (status, body), raising only on transport errors."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.url}{path}", data=data, method=method)
@@ -541,7 +629,7 @@ class KubeAPIServer:
 
     def _readyz_ok(self) -> bool:
         try:
-            status, body = self._request("GET", "/readyz")
+            status, body = self.request("GET", "/readyz")
         except OSError:
             return False
         return status == 200 and body.strip() == b"ok"
@@ -549,10 +637,10 @@ class KubeAPIServer:
     def _ensure_default_namespace(self) -> bool:
         """The API server's bootstrap controller creates `default`; create it if it lags."""
         try:
-            status, _ = self._request("GET", "/api/v1/namespaces/default")
+            status, _ = self.request("GET", "/api/v1/namespaces/default")
             if status == 404:
                 body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
-                status, _ = self._request("POST", "/api/v1/namespaces", body)
+                status, _ = self.request("POST", "/api/v1/namespaces", body)
         except OSError:
             return False
         return status in (200, 201, 409)
@@ -586,11 +674,47 @@ class KubeAPIServer:
 
     def _write_admin_kubeconfig(self) -> None:
         pki = self._require_pki()
-        user = {
-            "client-certificate-data": b64encode(pki.admin_cert.read_bytes()).decode(),
-            "client-key-data": b64encode(pki.admin_key.read_bytes()).decode(),
-        }
+        user = _cert_user(pki.admin_cert, pki.admin_key)
         self._write_kubeconfig(self.admin_kubeconfig, self._kubeconfig("admin", user))
+
+    def issue_cert(
+        self,
+        name: str,
+        common_name: str,
+        organization: str | None = None,
+        *,
+        server_hosts: Sequence[str] = (),
+    ) -> tuple[Path, Path]:
+        """Sign a cert for COMMON_NAME (in group ORGANIZATION) with the test CA.
+
+        A client cert by default; with SERVER_HOSTS (IPs or DNS names) a serving cert for
+        them. Returns the (cert, key) PEM paths, ``pki/NAME.crt`` and ``pki/NAME.key``.
+        """
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH
+        extensions = _leaf_extensions(usage)
+        if server_hosts:
+            sans = [_general_name(host) for host in server_hosts]
+            extensions.append((x509.SubjectAlternativeName(sans), False))
+        key = _new_ec_key()
+        ca = _load_ca(self._require_pki())
+        cert = _issue(_name(common_name, organization), key, ca, extensions)
+        return (
+            _write_private(self.certdir / f"{name}.crt", _pem_cert(cert)),
+            _write_private(self.certdir / f"{name}.key", _pem_key(key)),
+        )
+
+    def client_kubeconfig(
+        self, name: str, common_name: str, organization: str | None = None
+    ) -> Path:
+        """Write ``kubeconfigs/NAME.yaml`` authenticating by a client cert for COMMON_NAME.
+
+        How the node's components log in (system:kube-scheduler, system:node:NAME in
+        system:nodes…): the API server's built-in RBAC roles and the Node authorizer key on
+        exactly these names.
+        """
+        user = _cert_user(*self.issue_cert(name, common_name, organization))
+        path = self.kubeconfig_dir / f"{name}.yaml"
+        return self._write_kubeconfig(path, self._kubeconfig(common_name, user))
 
     def service_account_kubeconfig(
         self, namespace: str, name: str, *, create: bool = True, duration: str = "24h"
@@ -655,6 +779,14 @@ class KubeAPIServer:
         return self.kubectl(
             "apply", "-f", "-", kubeconfig=kubeconfig, input=_to_yaml(manifest), check=check
         )
+
+
+def _cert_user(cert: Path, key: Path) -> dict[str, str]:
+    """A kubeconfig user that logs in with the client cert CERT (key KEY), both embedded."""
+    return {
+        "client-certificate-data": b64encode(cert.read_bytes()).decode(),
+        "client-key-data": b64encode(key.read_bytes()).decode(),
+    }
 
 
 def _to_yaml(manifest: KubeManifest) -> str:
