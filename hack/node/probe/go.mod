@@ -1,0 +1,3 @@
+module schedlock.dev/hack/node/probe
+
+go 1.24
