@@ -16,9 +16,11 @@ from datetime import datetime
 from typing import Protocol
 
 from schedlock.store.errors import (
+    ConnectionsExhausted,
     LeadershipLost,
     LockKeyCollision,
     MissingPrivileges,
+    ReadOnlyServer,
     SchemaError,
     SchemaNotCurrent,
     SchemaTooNew,
@@ -28,7 +30,7 @@ from schedlock.store.errors import (
     UnsafeConnection,
     schema_too_new,
 )
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID, SCHEDULERS, LockKey
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID, SCHEDULERS, STANDBY_CLASS_ID, LockKey
 from schedlock.store.models import (
     ClaimResult,
     Completion,
@@ -38,6 +40,9 @@ from schedlock.store.models import (
     KeyStatus,
     PublishRecord,
     PublishSpec,
+    RecordedOutcome,
+    ReserveRoster,
+    RowVersion,
     ScheduleRecord,
     ScheduleSpec,
     SchemaStatus,
@@ -53,8 +58,10 @@ __all__ = [
     "ROWS_CHANNEL",
     "SCHEDLOCK_CLASS_ID",
     "SCHEDULERS",
+    "STANDBY_CLASS_ID",
     "ClaimResult",
     "Completion",
+    "ConnectionsExhausted",
     "DueSchedule",
     "FireRow",
     "Heartbeat",
@@ -66,6 +73,10 @@ __all__ = [
     "MissingPrivileges",
     "PublishRecord",
     "PublishSpec",
+    "ReadOnlyServer",
+    "RecordedOutcome",
+    "ReserveRoster",
+    "RowVersion",
     "ScheduleRecord",
     "ScheduleSpec",
     "SchemaError",
@@ -99,6 +110,12 @@ class LockSession(Protocol):
     async def begin_term(self) -> TermStart: ...
     async def heartbeat(self, term: int) -> Heartbeat: ...
     async def release(self, term: int | None) -> None: ...
+    async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None: ...
+    async def take_standby_place(self, places: int) -> int | None: ...
+    async def leave_standby_place(self) -> None: ...
+    async def reserve_roster(self) -> ReserveRoster: ...
+    async def enlist_reserve(self, next_check_in: float, grace: float) -> None: ...
+    async def leave_reserves(self) -> None: ...
     async def adopt_orphans(self, term: int) -> list[FireRow]: ...
     async def claim_due(self, term: int, limit: int) -> ClaimResult: ...
     async def complete(self, term: int, completions: Sequence[Completion]) -> int: ...
@@ -139,6 +156,10 @@ class Store(Protocol):
     async def key_status(self) -> list[KeyStatus]: ...
     async def get_publish(self, uid: str) -> PublishRecord | None: ...
     async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]: ...
+    async def row_versions(self, uids: Sequence[str]) -> list[RowVersion]: ...
+    async def restore_publish(
+        self, spec: PublishSpec, outcome: RecordedOutcome
+    ) -> UpsertResult: ...
 
 
 async def ensure_schema(store: Store, *, migrate: bool, component: str | None = None) -> None:

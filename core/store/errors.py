@@ -48,3 +48,31 @@ class LeadershipLost(StoreError):
 
 class UnlockFailed(StoreError):
     """pg_advisory_unlock returned false: the lock was not held by this session (a bug)."""
+
+
+class ReadOnlyServer(StoreUnavailable):
+    """The server is a hot standby or read-only: never lead or write there (advisory locks are
+    granted on a standby too).  Retryable: a fail-over or a multi-host URL finds the primary."""
+
+
+class ConnectionsExhausted(StoreUnavailable):
+    """The server refused a connection for lack of slots (SQLSTATE 53300: "too many clients",
+    "remaining connection slots are reserved"), or this session would use a reserved slot.
+
+    The slots belong to the app that shares the database: back off with jitter, never storm.
+    """
+
+
+# Server messages of SQLSTATE 53300; libpq reports a refused connection without a result, so
+# the code is not always available and the message is what identifies it.
+EXHAUSTED_MESSAGES = (
+    "too many clients",
+    "connection slots are reserved",
+    "too many connections",
+)
+
+
+def is_exhausted(sqlstate: str | None, message: str) -> bool:
+    """Whether a connection error is the server being out of connection slots."""
+    lowered = message.lower()
+    return sqlstate == "53300" or any(text in lowered for text in EXHAUSTED_MESSAGES)

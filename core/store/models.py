@@ -164,6 +164,19 @@ class KeyStatus:
     backlog: int
     next_due: datetime | None
     last_fire: datetime | None
+    # application_name of each session waiting for the lock (the standbys), and the holders of
+    # the live reserve rows (replicas with no session, checking rarely for a standby place).
+    standbys: tuple[str, ...] = ()
+    reserves: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReserveRoster:
+    """A reserve's place among the live reserves of its key, read at one of its checks."""
+
+    db_now: float  # Unix time on the database clock, which all reserves share
+    rank: int  # 0-based position of this holder among the live reserves, by name
+    reserves: int  # live reserves of the key, this one counted
 
 
 @dataclass(frozen=True)
@@ -190,3 +203,25 @@ class ScheduleRecord:
     watermark_at: datetime | None
     last_slot_at: datetime | None
     next_slot_at: datetime | None
+
+
+@dataclass(frozen=True)
+class RowVersion:
+    """What the operator's re-assertion compares: a row's uid, generation and state."""
+
+    kind: str  # "publish" (a one-shot row) or "schedule"
+    uid: str
+    generation: int
+    state: str
+
+
+@dataclass(frozen=True)
+class RecordedOutcome:
+    """A terminal outcome an object's status already records, to restore a lost row in it."""
+
+    state: str  # published | failed | missed
+    attempts: int = 0
+    fired_at: datetime | None = None
+    last_error: str | None = None
+    term: int | None = None
+    holder: str | None = None

@@ -2,7 +2,8 @@
 
 Connections are never shared between a lock and anything else (DESIGN invariant 1): a
 :class:`PostgresLockSession` owns one autocommit connection for the lock, its heartbeat and
-every state change of the rows its scheduler owns.  LISTEN runs on its own connection too.
+every state change of the rows its scheduler owns.  The leader's LISTEN rides on that same
+session (:meth:`PostgresLockSession.listen`); only the operator's LISTEN has its own.
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from schedlock.store import queries, rows
 from schedlock.store.errors import (
+    ConnectionsExhausted,
     LeadershipLost,
     LockKeyCollision,
+    ReadOnlyServer,
     StoreError,
     StoreUnavailable,
     UnlockFailed,
     UnsafeConnection,
+    is_exhausted,
     schema_too_new,
 )
-from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, LockKey
+from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
 from schedlock.store.migrations import latest_id, migrations, split_statements
 from schedlock.store.models import (
     ClaimResult,
@@ -41,6 +45,9 @@ from schedlock.store.models import (
     KeyStatus,
     PublishRecord,
     PublishSpec,
+    RecordedOutcome,
+    ReserveRoster,
+    RowVersion,
     ScheduleRecord,
     ScheduleSpec,
     SchemaStatus,
@@ -69,6 +76,8 @@ SIDECAR_GRANTS = (
     ("SELECT, UPDATE", ("TABLE schedlock_schedules",)),
     ("SELECT", ("TABLE schedlock_migrations",)),
     ("USAGE", ("SEQUENCE schedlock_publishes_id_seq",)),
+    # Reserves enlist, refresh and prune their own key's roster rows (no session held).
+    ("SELECT, INSERT, UPDATE, DELETE", ("TABLE schedlock_reserves",)),
 )
 OPERATOR_GRANTS = (
     ("SELECT, INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_schedules")),
@@ -92,6 +101,10 @@ async def _guard(call: Awaitable[T]) -> T:
     """Translate driver errors into the store's own, chained to the cause."""
     try:
         return await call
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        # The server became read-only under an open session (default_transaction_read_only
+        # set and reloaded): retryable, and never a write that half happened.
+        raise ReadOnlyServer(f"{_describe(exc)}: the server is read-only") from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         raise StoreUnavailable(_describe(exc)) from exc
     except psycopg.Error as exc:
@@ -103,8 +116,15 @@ def _describe(exc: BaseException) -> str:
 
 
 async def connect(url: str, *, application_name: str, connect_timeout: float = 5) -> Conn:
+    """Open a session on a writable primary, or raise (every session of both components
+    comes through here, so neither leads nor writes on a standby or a read-only server).
+
+    A multi-host URL (``postgresql://a:5432,b:5432/db?target_session_attrs=read-write``) is
+    libpq's own way to find the primary; the check below refuses whatever it lands on that
+    is in recovery or read-only, with a reason naming the server.
+    """
     try:
-        return await psycopg.AsyncConnection.connect(
+        conn = await psycopg.AsyncConnection.connect(
             url,
             autocommit=True,
             row_factory=dict_row,
@@ -117,6 +137,53 @@ async def connect(url: str, *, application_name: str, connect_timeout: float = 5
         )
     except psycopg.Error as exc:
         raise StoreUnavailable(_describe(exc)) from exc
+    try:
+        await require_writable(conn)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.close(), 2)
+        raise
+    return conn
+
+
+def read_only_reason(
+    server: str, *, in_recovery: bool, default_read_only: str, read_only: str
+) -> str | None:
+    """Why a server must not be led or written on (None: a writable primary)."""
+    if in_recovery:
+        return (
+            f"server {server} is a standby (pg_is_in_recovery() is true): not leading or "
+            "writing here; point the URL at the primary or list every server with "
+            "target_session_attrs=read-write"
+        )
+    if default_read_only == "on" or read_only == "on":
+        setting = (
+            "default_transaction_read_only"
+            if default_read_only == "on"
+            else ("transaction_read_only")
+        )
+        return (
+            f"server {server} is read-only ({setting} is on): not leading or writing here; "
+            "point the URL at the primary or list every server with "
+            "target_session_attrs=read-write"
+        )
+    return None
+
+
+async def require_writable(conn: Conn) -> None:
+    """Raise ReadOnlyServer unless ``conn`` is on a writable primary."""
+    cur = await _guard(conn.execute(Q["server_writable"]))
+    row = await _guard(cur.fetchone())
+    if row is None:
+        raise StoreError("query server_writable returned no row")
+    reason = read_only_reason(
+        f"{conn.info.host}:{conn.info.port}",
+        in_recovery=bool(row["in_recovery"]),
+        default_read_only=str(row["default_read_only"]),
+        read_only=str(row["read_only"]),
+    )
+    if reason is not None:
+        raise ReadOnlyServer(reason)
 
 
 class PostgresLockSession:
@@ -134,13 +201,26 @@ class PostgresLockSession:
         self.lease_seconds = lease_seconds
         self._conn: Conn | None = None
         self._lock_pid: int | None = None
+        self._place: int | None = None  # the standby place this session holds, if any
+        self._on_notify: Callable[[str, str], None] | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._busy = 0  # statements in progress: the notification pump is paused meanwhile
 
     # -- connection ---------------------------------------------------------------------------
 
     async def connect(self) -> None:
         """Open the session, set the lease and register the key's lock ids."""
         await self.close()
-        conn = await connect(self.url, application_name=self.holder)
+        try:
+            conn = await connect(self.url, application_name=self.holder)
+        except StoreUnavailable as exc:
+            cause = exc.__cause__
+            sqlstate = getattr(cause, "sqlstate", None)
+            if is_exhausted(sqlstate, str(cause or exc)):
+                raise ConnectionsExhausted(
+                    f"the database refused a connection for lack of slots: {exc}"
+                ) from exc
+            raise
         try:
             row = await self._fetchone(
                 "configure_lock_session",
@@ -154,6 +234,12 @@ class PostgresLockSession:
             if row["server_version"] < 140000:
                 raise StoreError(
                     "PostgreSQL 14 or newer is required (idle_session_timeout is the lease)"
+                )
+            if row["in_reserved_slot"]:
+                raise ConnectionsExhausted(
+                    "the database is full up to its reserved connection slots "
+                    "(superuser_reserved_connections / reserved_connections) and this role may "
+                    "use them: not taking a slot kept for operators"
                 )
             await conn.execute(Q["register_key"], self.key.params())
             owner = await self._fetchone("key_of_lock_ids", self.key.params(), conn=conn)
@@ -175,6 +261,12 @@ class PostgresLockSession:
         """Drop the session; the server releases the lock with it."""
         conn, self._conn = self._conn, None
         self._lock_pid = None
+        self._place = None
+        self._on_notify = None
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
         if conn is not None and not conn.closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.close(), 2)
@@ -194,21 +286,130 @@ class PostgresLockSession:
                 raise StoreError(f"query {name} returned no row")
             return row
 
-        return await _guard(run())
+        async with self._statement():
+            return await _guard(run())
 
     async def _fetchall(self, name: str, params: Mapping[str, Any]) -> list[DictRow]:
         async def run() -> list[DictRow]:
             cur = await self._require().execute(Q[name], params)
             return await cur.fetchall()
 
-        return await _guard(run())
+        async with self._statement():
+            return await _guard(run())
 
     async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
         async def run() -> int:
             cur = await self._require().execute(Q[name], params)
             return cur.rowcount
 
-        return await _guard(run())
+        async with self._statement():
+            return await _guard(run())
+
+    # -- LISTEN on the lock session ---------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _statement(self) -> AsyncIterator[None]:
+        """Pause the notification pump around a statement.
+
+        psycopg reads notifications only inside ``notifies()``, which holds the connection's
+        lock while it waits; statements would queue behind it.  So the pump runs only while
+        the session is otherwise idle: notifications that arrive during a statement are kept
+        in psycopg's backlog and handed out first when the pump restarts.
+        """
+        self._busy += 1
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            self._restart_pump()
+
+    def _restart_pump(self) -> None:
+        if self._busy or self._pump is not None or self._on_notify is None or not self.connected:
+            return
+        self._pump = asyncio.create_task(self._pump_notifies(), name=f"notifies:{self.key}")
+
+    async def _pump_notifies(self) -> None:
+        conn, deliver = self._require(), self._on_notify
+        assert deliver is not None
+        try:
+            async for note in conn.notifies():
+                deliver(note.channel, note.payload)
+        except psycopg.Error as exc:
+            # The session died: the next statement on it says so to the caller.
+            log.debug("notification pump stopped", extra={"key": str(self.key), "error": str(exc)})
+
+    async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
+        """LISTEN on this lock session and call ``on_payload`` for each notification, until
+        the session closes.  No extra server session: the leader's wake-ups ride on its lock."""
+
+        def deliver(got: str, payload: str) -> None:
+            if got == channel:
+                on_payload(payload)
+
+        async with self._statement():
+            await _guard(
+                self._require().execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            )
+            self._on_notify = deliver
+
+    # -- standby places and the reserve roster ----------------------------------------------------
+
+    def _place_params(self, places: int) -> dict[str, object]:
+        return {"place_classid": STANDBY_CLASS_ID, "place_objids": self.key.standby_objids(places)}
+
+    async def take_standby_place(self, places: int) -> int | None:
+        """Take a free standby place of the key on this session (never waiting): its index,
+        or None when all ``places`` are taken.  Held until released or the session ends."""
+        if places <= 0:
+            return None
+        found = await self._fetchall("take_standby_place", self._place_params(places))
+        self._place = int(found[0]["place"]) if found else None
+        return self._place
+
+    async def leave_standby_place(self) -> None:
+        """Give the standby place back (checked): the leader holds the key's lock instead, so a
+        reserve may become a standby in its stead."""
+        place, self._place = self._place, None
+        if place is None:
+            return
+        objid = self.key.standby_objids(place + 1)[place]
+        row = await self._fetchone(
+            "leave_standby_place", {"place_classid": STANDBY_CLASS_ID, "place_objid": objid}
+        )
+        if not row["released"]:
+            raise UnlockFailed(
+                f"pg_advisory_unlock({STANDBY_CLASS_ID}, {objid}) returned false for standby "
+                f"place {place} of {self.key}: this session did not hold it"
+            )
+
+    async def standby_places_held(self, places: int) -> int:
+        return int(
+            (await self._fetchone("standby_places_held", self._place_params(places)))["held"]
+        )
+
+    async def reserve_roster(self) -> ReserveRoster:
+        row = await self._fetchone("reserve_roster", {**self.key.params(), "holder": self.holder})
+        return ReserveRoster(
+            db_now=float(row["db_now"]), rank=int(row["rank"]), reserves=int(row["reserves"])
+        )
+
+    async def enlist_reserve(self, next_check_in: float, grace: float) -> None:
+        await self._execute(
+            "enlist_reserve",
+            {
+                **self.key.params(),
+                "holder": self.holder,
+                "next_check_in": next_check_in,
+                "grace": grace,
+            },
+        )
+
+    async def leave_reserves(self) -> None:
+        await self._execute("leave_reserves", {**self.key.params(), "holder": self.holder})
 
     # -- leadership -----------------------------------------------------------------------------
 
@@ -278,6 +479,9 @@ class PostgresLockSession:
         return probe, await cur.fetchone()
 
     async def begin_term(self) -> TermStart:
+        # Re-checked on the lock session itself: the server may have turned read-only while
+        # this session waited for the lock (a term must never begin there).
+        await require_writable(self._require())
         row = await self._fetchone("begin_term", {**self.key.params(), "holder": self.holder})
         return TermStart(
             term=int(row["term"]),
@@ -661,19 +865,7 @@ class PostgresStore:
     # -- admin verbs ----------------------------------------------------------------------------
 
     async def upsert_publish(self, spec: PublishSpec) -> UpsertResult:
-        params = {
-            "namespace": spec.namespace,
-            "name": spec.name,
-            "uid": spec.uid,
-            "generation": spec.generation,
-            "target": spec.target,
-            "due_at": spec.due_at,
-            "payload": Jsonb(spec.payload),
-            "max_attempts": spec.max_attempts,
-            "backoff_seconds": spec.backoff_seconds,
-            "starting_deadline_seconds": spec.starting_deadline_seconds,
-            "suspended": spec.suspended,
-        }
+        params = _publish_params(spec)
         return await self._run(lambda c: _upsert(c, "upsert_publish", params))
 
     async def upsert_schedule(self, spec: ScheduleSpec) -> UpsertResult:
@@ -712,7 +904,12 @@ class PostgresStore:
             cur = await conn.execute(Q["key_status"])
             return [
                 rows.key_status(
-                    r, rows.POSTGRES, lock_holder=r["lock_holder"], waiters=int(r["waiters"])
+                    r,
+                    rows.POSTGRES,
+                    lock_holder=r["lock_holder"],
+                    waiters=int(r["waiters"]),
+                    standbys=r["standbys"],
+                    reserves=r["reserves"],
                 )
                 for r in await cur.fetchall()
             ]
@@ -773,12 +970,51 @@ class PostgresStore:
             raise
         return HeldLock(conn)
 
+    async def row_versions(self, uids: Sequence[str]) -> list[RowVersion]:
+        """(kind, uid, generation, state) of the one-shot rows and schedules behind ``uids``."""
+
+        async def run(conn: Conn) -> list[RowVersion]:
+            cur = await conn.execute(Q["row_versions"], {"uids": list(uids)})
+            return [rows.row_version(r) for r in await cur.fetchall()]
+
+        return await self._run(run)
+
+    async def restore_publish(self, spec: PublishSpec, outcome: RecordedOutcome) -> UpsertResult:
+        """Store ``spec``'s row in a terminal ``outcome`` its object already records (a row
+        that was lost, or reverted to scheduled); a row that moved on is left alone."""
+        params = {
+            **_publish_params(spec),
+            "state": outcome.state,
+            "attempts": outcome.attempts,
+            "fired_at": outcome.fired_at,
+            "last_error": outcome.last_error,
+            "term": outcome.term,
+            "holder": outcome.holder,
+        }
+        return await self._run(lambda c: _upsert(c, "restore_publish", params))
+
     async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]:
         async def run(conn: Conn) -> list[PublishRecord]:
             cur = await conn.execute(Q["publishes_by_id"], {"ids": list(ids)})
             return [rows.publish_record(r, rows.POSTGRES) for r in await cur.fetchall()]
 
         return await self._run(run)
+
+
+def _publish_params(spec: PublishSpec) -> dict[str, Any]:
+    return {
+        "namespace": spec.namespace,
+        "name": spec.name,
+        "uid": spec.uid,
+        "generation": spec.generation,
+        "target": spec.target,
+        "due_at": spec.due_at,
+        "payload": Jsonb(spec.payload),
+        "max_attempts": spec.max_attempts,
+        "backoff_seconds": spec.backoff_seconds,
+        "starting_deadline_seconds": spec.starting_deadline_seconds,
+        "suspended": spec.suspended,
+    }
 
 
 async def _upsert(conn: Conn, name: str, params: Mapping[str, Any]) -> UpsertResult:

@@ -4,12 +4,19 @@ and a JSON payload come back from the driver, which the :class:`Codec` says)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from schedlock.store.models import DueSchedule, FireRow, KeyStatus, PublishRecord, ScheduleRecord
+from schedlock.store.models import (
+    DueSchedule,
+    FireRow,
+    KeyStatus,
+    PublishRecord,
+    RowVersion,
+    ScheduleRecord,
+)
 
 Row = Mapping[str, Any]
 
@@ -93,7 +100,15 @@ def due_schedule(r: Row, c: Codec) -> DueSchedule:
     )
 
 
-def key_status(r: Row, c: Codec, *, lock_holder: str | None, waiters: int) -> KeyStatus:
+def key_status(
+    r: Row,
+    c: Codec,
+    *,
+    lock_holder: str | None,
+    waiters: int,
+    standbys: Sequence[str] = (),
+    reserves: Sequence[str] = (),
+) -> KeyStatus:
     return KeyStatus(
         scheduler=r["scheduler"],
         namespace=r["namespace"],
@@ -108,6 +123,8 @@ def key_status(r: Row, c: Codec, *, lock_holder: str | None, waiters: int) -> Ke
         backlog=int(r["backlog"]),
         next_due=c.opt_timestamp(r["next_due"]),
         last_fire=c.opt_timestamp(r["last_fire"]),
+        standbys=tuple(standbys),
+        reserves=tuple(reserves),
     )
 
 
@@ -125,4 +142,10 @@ def schedule_record(r: Row, c: Codec) -> ScheduleRecord:
         watermark_at=c.opt_timestamp(r["watermark_at"]),
         last_slot_at=c.opt_timestamp(r["last_slot_at"]),
         next_slot_at=c.opt_timestamp(r["next_slot_at"]),
+    )
+
+
+def row_version(r: Row) -> RowVersion:
+    return RowVersion(
+        kind=str(r["kind"]), uid=str(r["uid"]), generation=int(r["generation"]), state=r["state"]
     )

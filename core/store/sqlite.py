@@ -29,6 +29,9 @@ from schedlock.store.models import (
     KeyStatus,
     PublishRecord,
     PublishSpec,
+    RecordedOutcome,
+    ReserveRoster,
+    RowVersion,
     ScheduleSpec,
     SchemaStatus,
     TermStart,
@@ -130,6 +133,26 @@ class SqliteLockSession:
         self._connected = False
 
     async def acquire(self) -> None:
+        return None
+
+    # One process by definition: it is always the leader, so it always has a "standby place"
+    # and there is no roster of reserves; NOTIFY does not exist (timers and the poll).
+    async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
+        return None
+
+    async def take_standby_place(self, places: int) -> int | None:
+        return 0
+
+    async def leave_standby_place(self) -> None:
+        return None
+
+    async def reserve_roster(self) -> ReserveRoster:
+        return ReserveRoster(db_now=datetime.now(UTC).timestamp(), rank=0, reserves=1)
+
+    async def enlist_reserve(self, next_check_in: float, grace: float) -> None:
+        return None
+
+    async def leave_reserves(self) -> None:
         return None
 
     async def begin_term(self) -> TermStart:
@@ -341,24 +364,43 @@ class SqliteStore:
             return UpsertResult(id=None, state=None, inserted=False)
         return UpsertResult(id=int(row["id"]), state=row["state"], inserted=bool(row["inserted"]))
 
+    def _publish_params(self, spec: PublishSpec) -> dict[str, Any]:
+        return {
+            "namespace": spec.namespace,
+            "name": spec.name,
+            "uid": spec.uid,
+            "generation": spec.generation,
+            "target": spec.target,
+            "due_at": iso(spec.due_at),
+            "payload": json.dumps(spec.payload),
+            "max_attempts": spec.max_attempts,
+            "backoff_seconds": spec.backoff_seconds,
+            "starting_deadline_seconds": spec.starting_deadline_seconds,
+            "suspended": spec.suspended,
+            "now": self._now(),
+        }
+
     async def upsert_publish(self, spec: PublishSpec) -> UpsertResult:
+        return await self._upsert("upsert_publish", self._publish_params(spec))
+
+    async def restore_publish(self, spec: PublishSpec, outcome: RecordedOutcome) -> UpsertResult:
         return await self._upsert(
-            "upsert_publish",
+            "restore_publish",
             {
-                "namespace": spec.namespace,
-                "name": spec.name,
-                "uid": spec.uid,
-                "generation": spec.generation,
-                "target": spec.target,
-                "due_at": iso(spec.due_at),
-                "payload": json.dumps(spec.payload),
-                "max_attempts": spec.max_attempts,
-                "backoff_seconds": spec.backoff_seconds,
-                "starting_deadline_seconds": spec.starting_deadline_seconds,
-                "suspended": spec.suspended,
-                "now": self._now(),
+                **self._publish_params(spec),
+                "state": outcome.state,
+                "attempts": outcome.attempts,
+                "fired_at": None if outcome.fired_at is None else iso(outcome.fired_at),
+                "last_error": outcome.last_error,
+                "term": outcome.term,
+                "holder": outcome.holder,
             },
         )
+
+    async def row_versions(self, uids: Sequence[str]) -> list[RowVersion]:
+        params = {"uids": json.dumps(list(uids))}
+        found = await self.db.run(lambda c: c.execute(Q["row_versions"], params).fetchall())
+        return [rows.row_version(r) for r in found]
 
     async def upsert_schedule(self, spec: ScheduleSpec) -> UpsertResult:
         return await self._upsert(

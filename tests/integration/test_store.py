@@ -15,6 +15,9 @@ from schedlock.store import (
     LockKey,
     LockKeyCollision,
     PublishSpec,
+    RecordedOutcome,
+    RowVersion,
+    ScheduleSpec,
     SchemaTooNew,
     open_store,
 )
@@ -133,6 +136,52 @@ def test_upsert_is_idempotent_per_generation(migrated_database: str) -> None:
         assert record.generation == 2
         assert record.payload == {"q": 'it\'s "quoted" ü'}
         assert abs((record.due_at - first.due_at).total_seconds() - 60) < 1
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+def test_row_versions_and_terminal_restore_on_both_dialects(
+    migrated_database: str, tmp_path: Path, dialect: str
+) -> None:
+    """The re-assertion's two verbs: one read of (uid, generation, state), and a lost or
+    reverted row stored in the outcome its object records, never over a row that moved on."""
+    url = migrated_database if dialect == "postgres" else f"sqlite:///{tmp_path / 'r.db'}"
+    store = open_store(url)
+    fired = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    outcome = RecordedOutcome("published", attempts=2, fired_at=fired, term=7, holder="pod-a")
+
+    async def run() -> None:
+        if dialect == "sqlite":
+            await store.migrate()
+        await store.upsert_publish(spec("kept"))
+        await store.upsert_schedule(
+            ScheduleSpec(
+                namespace="default", name="s", uid="sched", target="demo", expression="@every 1m"
+            )
+        )
+        versions = await store.row_versions(["kept", "sched", "lost"])
+        assert sorted(versions, key=lambda v: v.uid) == [
+            RowVersion("publish", "kept", 1, "scheduled"),
+            RowVersion("schedule", "sched", 1, "active"),
+        ]
+        lost = await store.restore_publish(spec("lost"), outcome)
+        assert lost.inserted and lost.state == "published"
+        record = await store.get_publish("lost")
+        assert record is not None and record.state == "published"
+        assert (record.attempts, record.fired_at, record.term, record.holder) == (
+            2,
+            fired,
+            7,
+            "pod-a",
+        )
+        reverted = await store.restore_publish(spec("kept"), outcome)  # scheduled: restored
+        assert reverted.state == "published" and not reverted.inserted
+        again = await store.restore_publish(spec("kept"), RecordedOutcome("failed"))
+        assert again.id is None  # finished already: left alone
+        await store.upsert_publish(spec("newer", generation=3))
+        assert (await store.restore_publish(spec("newer", generation=2), outcome)).id is None
+        await store.close()
 
     asyncio.run(run())
 

@@ -288,6 +288,13 @@ class PostgresServer:
         shutil.rmtree(server_dir(self.workdir), ignore_errors=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def promote(self, timeout: float = 30) -> None:
+        """End a standby's recovery (``pg_promote``): it becomes a writable primary."""
+        self.psql(f"SELECT pg_promote(true, {int(timeout)})")
+
+    def in_recovery(self) -> bool:
+        return self.psql("SELECT pg_is_in_recovery()") == "t"
+
     def psql(self, sql: str, dbname: str = "postgres") -> str:
         return subprocess.run(
             [
@@ -307,6 +314,77 @@ class PostgresServer:
             capture_output=True,
             text=True,
         ).stdout.strip()
+
+
+def standby_conninfo(port: int, application_name: str) -> str:
+    """``primary_conninfo`` of a standby streaming from ``127.0.0.1:port``."""
+    return (
+        f"host=127.0.0.1 port={port} user={SUPERUSER} application_name={application_name} "
+        "connect_timeout=2"
+    )
+
+
+def replicate_from(
+    primary: PostgresServer,
+    standby: PostgresServer,
+    *,
+    application_name: str = "standby",
+    via_port: int | None = None,
+) -> PostgresServer:
+    """Make ``standby`` (not started) a hot standby of the running ``primary``.
+
+    ``pg_basebackup -R`` copies the primary into the standby's (emptied) data directory and
+    writes ``standby.signal``; ``primary_conninfo`` names ``application_name`` (what
+    ``synchronous_standby_names`` lists) and may go through ``via_port`` (a proxy the test can
+    cut, so the standby falls behind).  Start it with ``standby.start()``; ``promote()`` ends
+    its recovery.  The template's pg_hba.conf already trusts loopback replication.
+    """
+    user = _run_as()
+    shutil.rmtree(standby.datadir, ignore_errors=True)
+    standby.workdir.mkdir(parents=True, exist_ok=True)
+    standby.datadir.parent.mkdir(parents=True, exist_ok=True)
+    _chown_tree(standby.datadir.parent, user)
+    subprocess.run(
+        [
+            str(standby.bindir / "pg_basebackup"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            SUPERUSER,
+            "-D",
+            str(standby.datadir),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        ],
+        check=True,
+        capture_output=True,
+        user=user,
+    )
+    standby.settings = {
+        **standby.settings,
+        "primary_conninfo": standby_conninfo(via_port or primary.port, application_name),
+        "hot_standby": "on",
+    }
+    return standby
+
+
+def wait_streaming(primary: PostgresServer, application_name: str, timeout: float = 30) -> None:
+    """Wait until the primary reports ``application_name`` streaming and caught up."""
+    deadline = time.monotonic() + timeout
+    query = (
+        "SELECT count(*) FROM pg_stat_replication WHERE application_name = "
+        f"'{application_name}' AND state = 'streaming' AND replay_lsn = pg_current_wal_lsn()"
+    )
+    while primary.psql(query) != "1":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"standby {application_name} is not streaming after {timeout}s")
+        time.sleep(0.05)
 
 
 @dataclass

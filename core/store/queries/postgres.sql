@@ -31,6 +31,55 @@ SELECT pg_backend_pid() AS pid,
        ) AS held,
        (SELECT client_port FROM pg_stat_activity WHERE pid = pg_backend_pid()) AS client_port;
 
+-- name: take_standby_place
+-- Try the key's standby places in order and keep the first one granted (the executor pulls one
+-- row through LIMIT 1, so pg_try_advisory_lock runs on the places before it and on that one
+-- only).  Never waits: a reserve finding every place taken leaves at once.
+SELECT u.place - 1 AS place
+FROM unnest(%(place_objids)s::int[]) WITH ORDINALITY AS u(objid, place)
+WHERE pg_try_advisory_lock(%(place_classid)s, u.objid)
+LIMIT 1;
+
+-- name: standby_places_held
+-- How many standby places of the key this backend holds (tests and the leader's check).
+SELECT count(*) AS held FROM pg_locks
+WHERE locktype = 'advisory' AND classid = %(place_classid)s::int::oid
+  AND objid = ANY (%(place_objids)s::int[]::oid[]) AND objsubid = 2
+  AND pid = pg_backend_pid() AND granted;
+
+-- name: leave_standby_place
+SELECT pg_advisory_unlock(%(place_classid)s, %(place_objid)s) AS released;
+
+-- name: reserve_roster
+-- This reserve's place among the key's live reserves (by holder) and their number, itself
+-- counted, on the database clock that every reserve shares.
+SELECT extract(epoch FROM now())::float8 AS db_now,
+       count(*) FILTER (WHERE holder < %(holder)s) AS rank,
+       count(*) FILTER (WHERE holder <> %(holder)s) + 1 AS reserves
+FROM schedlock_reserves
+WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+  AND expires_at > now();
+
+-- name: enlist_reserve
+-- Record when this reserve checks next; prune the key's rows that outlived their grace.
+WITH pruned AS (
+    DELETE FROM schedlock_reserves
+    WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+      AND expires_at <= now() AND holder <> %(holder)s
+)
+INSERT INTO schedlock_reserves (scheduler, namespace, target, holder, checked_at, next_check_at, expires_at)
+VALUES (%(scheduler)s, %(namespace)s, %(target)s, %(holder)s, now(),
+        now() + make_interval(secs => %(next_check_in)s),
+        now() + make_interval(secs => %(next_check_in)s + %(grace)s))
+ON CONFLICT (scheduler, namespace, target, holder) DO UPDATE
+SET checked_at = EXCLUDED.checked_at, next_check_at = EXCLUDED.next_check_at,
+    expires_at = EXCLUDED.expires_at;
+
+-- name: leave_reserves
+DELETE FROM schedlock_reserves
+WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+  AND holder = %(holder)s;
+
 -- name: backend_pid
 SELECT pg_backend_pid() AS pid;
 
@@ -41,7 +90,19 @@ SELECT set_config('idle_session_timeout', %(lease_ms)s, false),
        set_config('tcp_keepalives_idle', %(keepalive_idle)s, false),
        set_config('tcp_keepalives_interval', %(keepalive_interval)s, false),
        set_config('tcp_keepalives_count', '3', false),
-       current_setting('server_version_num')::int AS server_version;
+       current_setting('server_version_num')::int AS server_version,
+       -- A role that may use the slots superuser_reserved_connections / reserved_connections
+       -- keep (PostgreSQL 16+) must not take them: they are the operators' way in when the
+       -- database is full.  True when this session is such a role beyond the ordinary slots.
+       (
+           (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+           OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'pg_use_reserved_connections'
+                      AND pg_has_role(current_user, r.oid, 'MEMBER'))
+       ) AND (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')
+             > current_setting('max_connections')::int
+               - current_setting('superuser_reserved_connections')::int
+               - COALESCE(current_setting('reserved_connections', true), '0')::int
+       AS in_reserved_slot;
 
 -- name: begin_term
 -- Bump the term right after acquiring; report how long the key was leaderless
@@ -267,6 +328,14 @@ SELECT t.scheduler, t.namespace, t.target, t.term, t.holder, t.since, t.heartbea
        (SELECT count(*) FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.classid = t.lock_classid::oid
           AND l.objid = t.lock_objid::oid AND l.objsubid = 2 AND NOT l.granted) AS waiters,
+       ARRAY(SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.classid = t.lock_classid::oid
+               AND l.objid = t.lock_objid::oid AND l.objsubid = 2 AND NOT l.granted
+             ORDER BY a.application_name) AS standbys,
+       ARRAY(SELECT r.holder FROM schedlock_reserves r
+             WHERE r.scheduler = t.scheduler AND r.namespace = t.namespace
+               AND r.target = t.target AND r.expires_at > now()
+             ORDER BY r.holder) AS reserves,
        (SELECT count(*) FROM schedlock_publishes p
         WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
           AND p.state IN ('scheduled', 'firing') AND p.next_attempt_at <= now()) AS backlog,
@@ -318,3 +387,37 @@ SELECT now() AS now;
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS exists;
+
+-- name: server_writable
+-- Every session checks where it landed: a hot standby grants advisory locks too, so a session
+-- there must neither lead nor write.
+SELECT pg_is_in_recovery() AS in_recovery,
+       current_setting('default_transaction_read_only') AS default_read_only,
+       current_setting('transaction_read_only') AS read_only;
+
+-- name: row_versions
+-- The operator's re-assertion: one query for every object it knows (uid, generation, state).
+SELECT 'publish' AS kind, uid, generation, state FROM schedlock_publishes
+WHERE scheduler = 'publish' AND uid = ANY(%(uids)s::text[])
+UNION ALL
+SELECT 'schedule' AS kind, uid, generation, state FROM schedlock_schedules
+WHERE uid = ANY(%(uids)s::text[]);
+
+-- name: restore_publish
+-- A row lost (or reverted to scheduled) behind an object whose status records a terminal
+-- outcome: store it in that outcome, so it never fires again.  A row that moved on (firing,
+-- finished, or a newer generation) is left alone.
+INSERT INTO schedlock_publishes AS p (scheduler, namespace, name, uid, generation, target, due_at,
+                                      next_attempt_at, payload, max_attempts, backoff_seconds,
+                                      starting_deadline_seconds, state, attempts, fired_at,
+                                      finished_at, last_error, term, holder)
+VALUES ('publish', %(namespace)s, %(name)s, %(uid)s, %(generation)s, %(target)s, %(due_at)s,
+        %(due_at)s, %(payload)s, %(max_attempts)s, %(backoff_seconds)s,
+        %(starting_deadline_seconds)s, %(state)s, %(attempts)s, %(fired_at)s, now(),
+        %(last_error)s, %(term)s, %(holder)s)
+ON CONFLICT (uid) DO UPDATE
+SET generation = EXCLUDED.generation, state = EXCLUDED.state, attempts = EXCLUDED.attempts,
+    fired_at = EXCLUDED.fired_at, finished_at = now(), last_error = EXCLUDED.last_error,
+    term = EXCLUDED.term, holder = EXCLUDED.holder, updated_at = now()
+WHERE p.state IN ('scheduled', 'suspended') AND p.generation <= EXCLUDED.generation
+RETURNING p.id, p.state, (xmax = 0) AS inserted;

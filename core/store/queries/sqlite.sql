@@ -197,3 +197,28 @@ ORDER BY t.namespace, t.target, t.scheduler;
 SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
        state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at
 FROM schedlock_publishes WHERE uid = :uid;
+
+-- name: row_versions
+-- The operator's re-assertion (uids passed as a JSON array: one query whatever their number).
+SELECT 'publish' AS kind, uid, generation, state FROM schedlock_publishes
+WHERE scheduler = 'publish' AND uid IN (SELECT value FROM json_each(:uids))
+UNION ALL
+SELECT 'schedule' AS kind, uid, generation, state FROM schedlock_schedules
+WHERE uid IN (SELECT value FROM json_each(:uids));
+
+-- name: restore_publish
+-- A row lost (or reverted to scheduled) behind an object whose status records a terminal
+-- outcome: store it in that outcome, so it never fires again.
+INSERT INTO schedlock_publishes AS p (scheduler, namespace, name, uid, generation, target, due_at,
+                                      next_attempt_at, payload, max_attempts, backoff_seconds,
+                                      starting_deadline_seconds, state, attempts, fired_at,
+                                      finished_at, last_error, term, holder, created_at, updated_at)
+VALUES ('publish', :namespace, :name, :uid, :generation, :target, :due_at, :due_at, :payload,
+        :max_attempts, :backoff_seconds, :starting_deadline_seconds, :state, :attempts, :fired_at,
+        :now, :last_error, :term, :holder, :now, :now)
+ON CONFLICT (uid) DO UPDATE
+SET generation = excluded.generation, state = excluded.state, attempts = excluded.attempts,
+    fired_at = excluded.fired_at, finished_at = :now, last_error = excluded.last_error,
+    term = excluded.term, holder = excluded.holder, updated_at = :now
+WHERE p.state IN ('scheduled', 'suspended') AND p.generation <= excluded.generation
+RETURNING id, state, created_at = :now AND updated_at = :now AS inserted;
