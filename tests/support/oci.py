@@ -122,6 +122,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
         f.write(data)
+    os.chmod(f.name, 0o644)  # readable like any cache file (NamedTemporaryFile makes 0600)
     os.replace(f.name, path)
 
 
