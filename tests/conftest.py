@@ -11,6 +11,7 @@ pytest_plugins = [
     "tests.support.pg_fixtures",
     "tests.support.kube_fixtures",
     "tests.support.tool_fixtures",
+    "tests.support.cluster_fixtures",
 ]
 
 
@@ -32,5 +33,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tier marker follows the folder: tests/unit -> unit, tests/integration -> integration…"""
     for item in items:
         tier = item.path.parent.name
-        if tier in ("unit", "integration", "e2e") and not item.get_closest_marker(tier):
+        if tier in ("unit", "integration", "e2e", "cluster") and not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
