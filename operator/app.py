@@ -16,11 +16,12 @@ import sys
 from collections.abc import Iterator
 
 import kopf
-from schedlock.operator.handlers import build_registry, configure
+from schedlock.operator.handlers import ObjectIndex, build_registry, configure
+from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
 from schedlock.probes import health_app, serve
-from schedlock.store import StoreError, wait_for_schema
+from schedlock.store import ReadOnlyServer, StoreError, wait_for_schema
 from schedlock.store.postgres import PostgresStore
 
 log = logging.getLogger("schedlock.operator")
@@ -35,14 +36,20 @@ class Readiness:
         self.reason = "starting"
         self.kopf_ready = asyncio.Event()
         self.schema_ok = False
+        self.read_only: str | None = None  # the last re-assertion found a read-only server
 
     def report_schema(self, error: StoreError | None) -> None:
         self.schema_ok = error is None
         self.reason = str(error) if error is not None else "ok"
 
+    def report_writes(self, error: StoreError | None) -> None:
+        self.read_only = str(error) if isinstance(error, ReadOnlyServer) else None
+
     def __call__(self) -> tuple[bool, str]:
         if not self.schema_ok:
             return False, f"database not ready: {self.reason}"
+        if self.read_only is not None:
+            return False, f"database not writable: {self.read_only}"
         if not self.kopf_ready.is_set():
             return False, "starting the Kubernetes watches"
         return True, "ready"
@@ -112,15 +119,25 @@ async def run_kopf(
             certfile=str(settings.webhook_cert_file),
             pkeyfile=str(settings.webhook_key_file),
         )
+    objects = ObjectIndex()
     registry = build_registry(
         store,
         validate=settings.webhook_enabled,
         injection=settings.injection if settings.webhook_enabled else None,
+        objects=objects,
     )
     sync = StatusSync(
         store, None, sweep_seconds=settings.sweep_seconds, holder=settings.holder_name
     )
+    reasserter = Reasserter(
+        store,
+        objects.objects,
+        interval=settings.reassert_seconds,
+        wanted=objects.wanted,
+        report=readiness.report_writes,
+    )
     sync_task = asyncio.create_task(sync.run(stopping), name="status-sync")
+    reassert_task = asyncio.create_task(reasserter.run(stopping), name="reassert")
     log.info(
         "operator started",
         extra={
@@ -143,11 +160,12 @@ async def run_kopf(
         return EXIT_FATAL
     finally:
         stopping.set()
-        try:
-            await asyncio.wait_for(sync_task, 5)
-        except TimeoutError:
-            sync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sync_task
+        for task in (sync_task, reassert_task):
+            try:
+                await asyncio.wait_for(task, 5)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         log.info("operator stopped")
     return 0

@@ -16,6 +16,7 @@ import kopf
 from schedlock.operator import mapping
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.injection import InjectionConfig, inject_pod, refusal
+from schedlock.operator.reassert import snapshot
 from schedlock.store import PublishSpec, Store, StoreError, StoreUnavailable
 
 RETRIES = 20
@@ -40,11 +41,48 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 30
 
 
+class ObjectIndex:
+    """Every ScheduledPublish the watch has seen, as kopf keeps it in memory (no API call).
+
+    kopf fills the index from the initial listing and every event, and drops deleted
+    objects; the startup handler hands us the live index.  Before that it is empty.
+    """
+
+    def __init__(self) -> None:
+        self.index: kopf.Index[str, dict[str, Any]] | None = None
+
+    def objects(self) -> list[dict[str, Any]]:
+        if self.index is None:
+            return []
+        return [obj for store in list(self.index.values()) for obj in store]
+
+    def wanted(self, uid: str) -> bool:
+        """The object is still there and not being deleted."""
+        if self.index is None or uid not in self.index:
+            return False
+        return all(not (o["metadata"].get("deletionTimestamp")) for o in self.index[uid])
+
+
 def build_registry(
-    store: Store, *, validate: bool, injection: InjectionConfig | None = None
+    store: Store,
+    *,
+    validate: bool,
+    injection: InjectionConfig | None = None,
+    objects: ObjectIndex | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
+
+    if objects is not None:
+        watched = objects
+
+        @kopf.index(*resource, registry=registry, id="scheduledpublishes")
+        def index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+            return {str(body.meta["uid"]): snapshot(body)}
+
+        @kopf.on.startup(registry=registry, id="capture-index")
+        def capture(**kwargs: Any) -> None:
+            watched.index = kwargs["scheduledpublishes"]  # indices are passed by their id
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -73,6 +111,11 @@ def build_registry(
             raise kopf.TemporaryError(f"database unavailable: {exc}", delay=5) from exc
         except StoreError as exc:
             raise kopf.TemporaryError(f"database error: {exc}", delay=15) from exc
+        if result.id is not None and result.state in ("published", "failed", "missed"):
+            # A new generation of a row that keeps its outcome (same due time): the status
+            # still tells the truth, now about this generation (the re-assertion relies on it).
+            patch.status["observedGeneration"] = spec.generation
+            return
         if result.id is None or result.state not in ("scheduled", "suspended", "active"):
             return  # a replay, or a row that already fired and keeps its outcome
         new = mapping.scheduled_status(spec, status, datetime.now(UTC))

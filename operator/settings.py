@@ -152,6 +152,15 @@ class OperatorSettings:
         parse=number(1, 3600),
         unit="seconds",
     )
+    reassert_seconds: float = setting(
+        env="SCHEDLOCK_REASSERT_SECONDS",
+        help="how often every object's row is compared with the object and restored when "
+        "missing or stale (a restore from a backup, an asynchronous fail-over); at most 60 by "
+        "default so a lost row comes back within a minute",
+        default=30.0,
+        parse=number(1, 3600),
+        unit="seconds",
+    )
     holder: str = setting(
         env="SCHEDLOCK_HOLDER",
         help="this replica's name in the database (application_name); defaults to the host name",

@@ -1,0 +1,234 @@
+"""Level-triggered re-assertion: every object's row, compared and restored on an interval.
+
+The handlers write a row on create, update and resume — edges.  A row can still disappear or
+go back in time behind them: a restore from a backup, an asynchronous fail-over that lost the
+last transactions, a manual delete, a new empty database.  Every ``reassert_seconds`` this
+loop compares what the objects declare (kopf's in-memory index of every ScheduledPublish, no
+API call) with one query of ``(uid, generation, state)`` for all of them, and writes only what
+differs:
+
+* a row missing, or older than the object's generation: the handlers' own idempotent upsert
+  (keyed by uid + generation, so a pass racing a handler changes nothing twice);
+* an object whose status records a terminal outcome (Published, Failed, Missed) whose row is
+  missing or back in ``scheduled``: the row is stored in that outcome (attempts, fire time,
+  term and holder from the status), so it never fires again and the status sync finds
+  nothing to change.
+
+Invariants: the object is the source of truth, but only once the handlers are done with it
+(``status.observedGeneration`` equals ``metadata.generation``): a newer generation, an object
+the handlers never reached, an invalid spec or one being deleted is theirs.  A row that moved
+on (firing, finished, a newer generation) is never overwritten.  The decision is
+:func:`plan`, pure; :class:`Reasserter` only reads, writes what the plan says and re-checks
+that an object still exists around each write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedlock.operator import mapping
+from schedlock.store import (
+    PublishSpec,
+    ReadOnlyServer,
+    RecordedOutcome,
+    RowVersion,
+    ScheduleSpec,
+    Store,
+    StoreError,
+)
+
+log = logging.getLogger("schedlock.operator.reassert")
+
+# status.phase -> the row state it records (only outcomes that must never fire again)
+TERMINAL_PHASES = {"Published": "published", "Failed": "failed", "Missed": "missed"}
+REARMABLE = frozenset({"scheduled", "suspended"})  # row states a recorded outcome overrides
+
+
+def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the index keeps of an object: a plain copy of what :func:`plan` reads."""
+    meta = body.get("metadata") or {}
+    return {
+        "metadata": {
+            key: meta.get(key)
+            for key in ("namespace", "name", "uid", "generation", "deletionTimestamp")
+        },
+        "spec": _plain(body.get("spec") or {}),
+        "status": _plain(body.get("status") or {}),
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def recorded_outcome(status: Mapping[str, Any]) -> RecordedOutcome | None:
+    """The terminal outcome an object's status records (None: none, it may still fire)."""
+    state = TERMINAL_PHASES.get(str(status.get("phase")))
+    if state is None:
+        return None
+    fired = status.get("lastFiredAt")
+    by = status.get("firedBy") or {}
+    term = by.get("term")
+    return RecordedOutcome(
+        state=state,
+        attempts=int(status.get("attempts") or 0),
+        fired_at=mapping.parse_rfc3339(str(fired)) if fired else None,
+        last_error=status.get("lastError"),
+        term=int(term) if term is not None else None,
+        holder=by.get("holder"),
+    )
+
+
+@dataclass
+class Plan:
+    """What one pass writes; everything else already matches."""
+
+    upserts: list[PublishSpec | ScheduleSpec] = field(default_factory=list)
+    restores: list[tuple[PublishSpec, RecordedOutcome]] = field(default_factory=list)
+    compared: int = 0  # objects the handlers are done with (the ones a pass owns)
+
+    @property
+    def writes(self) -> int:
+        return len(self.upserts) + len(self.restores)
+
+
+def handled(obj: Mapping[str, Any]) -> bool:
+    """Whether the handlers are done with the object's current generation (a pass owns it)."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return False
+    observed = status.get("observedGeneration")
+    return observed is not None and int(observed) == int(meta.get("generation") or 1)
+
+
+def plan(objects: Iterable[Mapping[str, Any]], versions: Iterable[RowVersion]) -> Plan:
+    """Compare objects with their rows' (uid, generation, state): what must be written."""
+    rows = {(v.kind, v.uid): v for v in versions}
+    result = Plan()
+    for obj in objects:
+        if not handled(obj):
+            continue
+        try:
+            spec = mapping.desired(obj)
+        except (mapping.InvalidSpec, KeyError, TypeError, ValueError):
+            continue  # the handlers reported it; nothing to assert
+        result.compared += 1
+        if isinstance(spec, ScheduleSpec):
+            row = rows.get(("schedule", spec.uid))
+            if row is None or row.generation < spec.generation:
+                result.upserts.append(spec)
+            continue
+        row = rows.get(("publish", spec.uid))
+        outcome = recorded_outcome(obj.get("status") or {})
+        if outcome is not None:
+            if row is None or (row.generation <= spec.generation and row.state in REARMABLE):
+                result.restores.append((spec, outcome))
+        elif row is None or row.generation < spec.generation:
+            result.upserts.append(spec)
+    return result
+
+
+@dataclass(frozen=True)
+class PassResult:
+    objects: int
+    compared: int
+    upserted: int
+    restored: int
+    seconds: float
+
+
+class Reasserter:
+    """Runs :func:`plan` against the store every ``interval`` seconds until stopped."""
+
+    def __init__(
+        self,
+        store: Store,
+        objects: Callable[[], Sequence[Mapping[str, Any]]],
+        *,
+        interval: float,
+        wanted: Callable[[str], bool],
+        report: Callable[[StoreError | None], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.objects = objects
+        self.interval = interval
+        self.wanted = wanted  # does the object still exist, not being deleted (live index)
+        self.report = report or (lambda _error: None)
+        self.last: PassResult | None = None
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            try:
+                self.last = await self.once()
+                self.report(None)
+            except ReadOnlyServer as exc:
+                self.report(exc)
+                log.warning("cannot re-assert rows: read-only server", extra={"error": str(exc)})
+            except StoreError as exc:
+                log.warning("re-assertion pass failed, retrying", extra={"error": str(exc)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self.interval)
+
+    async def once(self) -> PassResult:
+        started = time.perf_counter()
+        objects = self.objects()
+        uids = [str(o["metadata"]["uid"]) for o in objects if handled(o)]
+        versions = await self.store.row_versions(uids) if uids else []
+        todo = plan(objects, versions)
+        upserted = restored = 0
+
+        async def write(spec: PublishSpec | ScheduleSpec, outcome: RecordedOutcome | None) -> int:
+            if not self.wanted(spec.uid):
+                return 0
+            if outcome is not None:
+                assert isinstance(spec, PublishSpec)
+                result = await self.store.restore_publish(spec, outcome)
+            elif isinstance(spec, PublishSpec):
+                result = await self.store.upsert_publish(spec)
+            else:
+                result = await self.store.upsert_schedule(spec)
+            if not self.wanted(spec.uid):
+                # Deleted while we wrote: its cancel may have run before our row existed.
+                if isinstance(spec, PublishSpec):
+                    await self.store.cancel_publish(spec.uid)
+                else:
+                    await self.store.cancel_schedule(spec.uid)
+            return 0 if result.id is None else 1
+
+        done = await asyncio.gather(
+            *(write(spec, None) for spec in todo.upserts),
+            *(write(spec, outcome) for spec, outcome in todo.restores),
+        )
+        upserted = sum(done[: len(todo.upserts)])
+        restored = sum(done[len(todo.upserts) :])
+        result = PassResult(
+            objects=len(objects),
+            compared=todo.compared,
+            upserted=upserted,
+            restored=restored,
+            seconds=time.perf_counter() - started,
+        )
+        if todo.writes:
+            log.warning(
+                "re-asserted rows that were missing or stale",
+                extra={
+                    "event": "rows_reasserted",
+                    "objects": result.objects,
+                    "upserted": upserted,
+                    "restored_terminal": restored,
+                    "uids": [s.uid for s in todo.upserts[:10]]
+                    + [s.uid for s, _ in todo.restores[:10]],
+                },
+            )
+        return result

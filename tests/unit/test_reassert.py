@@ -1,0 +1,110 @@
+"""The re-assertion's decisions, pure: what differs between objects and rows, what to write."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from schedlock.operator.reassert import handled, plan, recorded_outcome, snapshot
+from schedlock.operator.settings import OperatorSettings
+from schedlock.store import PublishSpec, RecordedOutcome, RowVersion, ScheduleSpec
+
+DUE = "2030-01-01T00:00:00Z"
+
+
+def obj(
+    uid: str = "u1",
+    generation: int = 1,
+    observed: int | None = 1,
+    phase: str = "Scheduled",
+    **spec: Any,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if observed is not None:
+        status["observedGeneration"] = observed
+    return {
+        "metadata": {"namespace": "ns", "name": uid, "uid": uid, "generation": generation},
+        "spec": {"target": "app", "publishAt": DUE, **spec},
+        "status": status,
+    }
+
+
+def row(uid: str = "u1", generation: int = 1, state: str = "scheduled") -> RowVersion:
+    return RowVersion("publish", uid, generation, state)
+
+
+def test_the_default_interval_brings_a_lost_row_back_within_a_minute() -> None:
+    assert 0 < OperatorSettings().reassert_seconds <= 60
+
+
+def test_rows_that_match_are_not_written() -> None:
+    objects = [obj("a"), obj("b", phase="Published"), obj("c", schedule="@every 1m")]
+    rows = [row("a"), row("b", state="published"), RowVersion("schedule", "c", 1, "active")]
+    result = plan(objects, rows)
+    assert result.writes == 0 and result.compared == 3
+
+
+def test_a_missing_or_older_row_is_upserted() -> None:
+    result = plan([obj("a"), obj("b", generation=3, observed=3)], [row("b", generation=2)])
+    assert [s.uid for s in result.upserts] == ["a", "b"]
+    assert all(isinstance(s, PublishSpec) for s in result.upserts)
+    assert result.upserts[1].generation == 3
+
+
+def test_a_missing_schedule_is_upserted_and_a_slot_row_is_not_its_row() -> None:
+    result = plan([obj("c", schedule="@every 1m")], [row("c")])  # a publish row, same uid
+    assert len(result.upserts) == 1 and isinstance(result.upserts[0], ScheduleSpec)
+
+
+def test_a_terminal_object_is_restored_in_its_outcome_and_never_rearmed() -> None:
+    status = {
+        "phase": "Published",
+        "observedGeneration": 1,
+        "attempts": 2,
+        "lastFiredAt": "2026-12-01T10:00:00Z",
+        "firedBy": {"term": 4, "holder": "pod-a"},
+    }
+    published = {**obj("a"), "status": status}
+    missed = obj("m", phase="Missed")
+    result = plan([published, missed], [])  # both rows lost
+    assert result.upserts == []
+    restored = {spec.uid: outcome for spec, outcome in result.restores}
+    assert restored["a"] == RecordedOutcome(
+        "published",
+        attempts=2,
+        fired_at=datetime(2026, 12, 1, 10, tzinfo=UTC),
+        term=4,
+        holder="pod-a",
+    )
+    assert restored["m"].state == "missed"
+    # A row a restore put back in `scheduled` gets the outcome too; a finished one does not.
+    assert len(plan([published], [row("a")]).restores) == 1
+    assert plan([published], [row("a", state="published")]).writes == 0
+    assert plan([published], [row("a", state="firing")]).writes == 0  # the leader owns it
+    assert plan([published], [row("a", generation=2)]).writes == 0  # newer than the object
+
+
+def test_objects_the_handlers_are_not_done_with_are_left_to_them() -> None:
+    being_deleted = obj("d")
+    being_deleted["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+    objects = [
+        obj("new", observed=None),  # the create handler has not run yet
+        obj("upd", generation=2, observed=1),  # an update in progress
+        being_deleted,
+        obj("bad", publishAt="tomorrow"),  # invalid: the handler reported it
+    ]
+    assert not any(handled(o) for o in objects[:3])
+    result = plan(objects, [])
+    assert result.writes == 0 and result.compared == 0
+
+
+def test_the_snapshot_is_a_plain_copy() -> None:
+    body = obj("a")
+    copy = snapshot(body)
+    body["spec"]["target"] = "changed"
+    assert copy["spec"]["target"] == "app"
+    assert set(copy) == {"metadata", "spec", "status"}
+    assert recorded_outcome({"phase": "Scheduled"}) is None
+    assert recorded_outcome({"phase": "Failed", "lastError": "HTTP 400"}) == RecordedOutcome(
+        "failed", last_error="HTTP 400"
+    )
