@@ -59,13 +59,13 @@ setup() {
     bash "$REPO/hack/tools.sh" ensure images
   fi
   [[ "$(id -u)" -eq 0 ]] || die "building images needs root (mmdebstrap --mode=root, buildah --isolation chroot)"
-  cat >"$CACHE/storage.conf.tmp" <<EOF
+  cat >"$CACHE/storage.conf.$$" <<EOF
 [storage]
 driver = "vfs"
 graphroot = "$CACHE/storage"
 runroot = "$CACHE/run"
 EOF
-  mv "$CACHE/storage.conf.tmp" "$CACHE/storage.conf"
+  mv "$CACHE/storage.conf.$$" "$CACHE/storage.conf"
   WORK="$(mktemp -d "$CACHE/tmp.XXXXXX")"
 }
 

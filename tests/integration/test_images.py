@@ -49,16 +49,32 @@ def _images(*args: str) -> str:
     return done.stdout.strip()
 
 
+@dataclass(frozen=True)
+class Built:
+    archive: Path
+    key: str  # the archive's cache key (its file name: NAME-KEY.oci.tar)
+    ref: str | None  # what `hack/images.sh ref` printed, None if the tree changed meanwhile
+
+
 @pytest.fixture(scope="session")
-def archives(pytestconfig: pytest.Config) -> dict[str, Path]:
+def built(pytestconfig: pytest.Config) -> dict[str, Built]:
     """Build what is missing or stale, with the script's progress shown live (not captured)."""
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    images = {}
     with capture.global_and_fixture_disabled():
         sys.stderr.write(
-            "\n==> hack/images.sh ensure schedlock demo-app (cached after the first build)\n"
+            "\n==> hack/images.sh path schedlock demo-app (builds only what changed)\n"
         )
-        _images("ensure", "schedlock", "demo-app")
-    return {name: Path(_images("path", name)) for name in ("schedlock", "demo-app")}
+        for name in ("schedlock", "demo-app"):
+            before = _images("ref", name)
+            archive = Path(_images("path", name))
+            stable = _images("ref", name) == before
+            if not stable:
+                # An edit during the build: the archive is the snapshot the script built.
+                sys.stderr.write(f"==> {name}: the sources changed during the build\n")
+            key = archive.name.removeprefix(f"{name}-").removesuffix(".oci.tar")
+            images[name] = Built(archive, key, before if stable else None)
+    return images
 
 
 # --------------------------------------------------------------------------- reading OCI
@@ -173,20 +189,21 @@ def _env(image: Image) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def schedlock_image(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Image:
-    return open_archive(archives["schedlock"], tmp_path_factory.mktemp("schedlock-oci"))
+def schedlock_image(built: dict[str, Built], tmp_path_factory: pytest.TempPathFactory) -> Image:
+    return open_archive(built["schedlock"].archive, tmp_path_factory.mktemp("schedlock-oci"))
 
 
 def test_schedlock_archive_names_its_reference(
-    archives: dict[str, Path], schedlock_image: Image
+    built: dict[str, Built], schedlock_image: Image
 ) -> None:
-    ref = _images("ref", "schedlock")
-    assert re.fullmatch(rf"schedlock\.local/schedlock:{re.escape(__version__)}-[0-9a-f]{{12}}", ref)
+    image = built["schedlock"]
+    assert re.fullmatch(r"[0-9a-f]{12}", image.key)
+    ref = f"schedlock.local/schedlock:{__version__}-{image.key}"
+    assert image.ref in (ref, None)
     (entry,) = schedlock_image.index["manifests"]
     # ref.name for OCI tools; io.containerd.image.name is what `ctr images import` tags.
     assert entry["annotations"]["org.opencontainers.image.ref.name"] == ref
     assert entry["annotations"]["io.containerd.image.name"] == ref
-    assert archives["schedlock"].name == f"schedlock-{ref.rsplit('-', 1)[1]}.oci.tar"
 
 
 def test_schedlock_config_is_non_root_with_the_schedlock_entrypoint(schedlock_image: Image) -> None:
@@ -252,11 +269,12 @@ def test_schedlock_runs_from_the_layers_as_uid_65532(
 # --------------------------------------------------------------------------- demo app
 
 
-def test_demo_app_image(archives: dict[str, Path], tmp_path: Path) -> None:
-    image = open_archive(archives["demo-app"], tmp_path / "oci")
-    ref = _images("ref", "demo-app")
-    assert re.fullmatch(r"schedlock\.local/demo-app:[0-9a-f]{12}", ref)
+def test_demo_app_image(built: dict[str, Built], tmp_path: Path) -> None:
+    image = open_archive(built["demo-app"].archive, tmp_path / "oci")
+    ref = f"schedlock.local/demo-app:{built['demo-app'].key}"
+    assert built["demo-app"].ref in (ref, None)
     (entry,) = image.index["manifests"]
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == ref
     assert entry["annotations"]["io.containerd.image.name"] == ref
     config = image.config["config"]
     assert config["User"].split(":") == ["65532", "65532"]
