@@ -167,5 +167,10 @@ async def run_kopf(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            except asyncio.CancelledError:
+                # kopf cancels what still runs in the loop when it stops: a task cancelled
+                # that way is stopped, not a failure of the shutdown.
+                if not task.cancelled():
+                    raise
         log.info("operator stopped")
     return 0
