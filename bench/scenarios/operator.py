@@ -11,6 +11,7 @@ created by 16 client threads as fast as the API server takes them; for each obje
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import os
@@ -216,6 +217,7 @@ def run(ctx: Context) -> None:
             },
             apiserver_rejected=_apiserver_rejected(kube),
         )
+        result["reassert"] = _reassert_cost(api, url)
         ctx.results["operator"] = result
         ctx.say(
             "operator: cr_to_row p99 {} ms, cr_to_published p99 {} ms".format(
@@ -227,6 +229,45 @@ def run(ctx: Context) -> None:
             watch.stop()
         operator.stop()
         sidecars.stop()
+
+
+def _reassert_cost(api: Any, url: str) -> dict[str, Any]:
+    """The operator's re-assertion pass (its own code, in this process) over the burst's real
+    objects, all Published: with every row in place (one comparison query, nothing written),
+    then with every row deleted (each restored in its recorded outcome, none fired)."""
+    from schedlock.operator.reassert import Reasserter, snapshot
+    from schedlock.store.postgres import PostgresStore
+
+    items = api.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+    objects = [snapshot(item) for item in items]
+
+    async def passes() -> dict[str, Any]:
+        store = PostgresStore(url, application_name="bench-reassert", pool_size=4)
+        reasserter = Reasserter(store, lambda: objects, interval=30, wanted=lambda _uid: True)
+        try:
+            steady = [await reasserter.once() for _ in range(3)]
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("DELETE FROM schedlock_publishes WHERE scheduler = 'publish'")
+            restore = await reasserter.once()
+            after = await reasserter.once()
+        finally:
+            await store.close()
+        n = max(1, len(objects))
+        best = min(r.seconds for r in steady)
+        return {
+            "objects": len(objects),
+            "compared": steady[0].compared,
+            "steady_pass_ms": round(best * 1000, 1),
+            "steady_us_per_object": round(best / n * 1e6, 1),
+            "steady_writes": steady[-1].upserted + steady[-1].restored,
+            "all_rows_lost_pass_ms": round(restore.seconds * 1000, 1),
+            "all_rows_lost_us_per_object": round(restore.seconds / n * 1e6, 1),
+            "restored_terminal": restore.restored,
+            "writes_after_restore": after.upserted + after.restored,
+        }
+
+    with ThreadPoolExecutor(1) as pool:  # the bench itself may run inside an event loop
+        return pool.submit(lambda: asyncio.run(passes())).result()
 
 
 def _cpu(pids: dict[str, int]) -> dict[str, float]:
