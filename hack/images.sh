@@ -98,16 +98,18 @@ inputs() {
   esac
 }
 
-# key NAME [ROOT]: the cache key of NAME built from the tree at ROOT (default: the repo).
+# key NAME [ROOT]: the cache key of NAME built from the tree at ROOT (default: the repo): its
+# inputs and the text of the functions that build it (comments aside), so changing a recipe
+# here rebuilds what it makes.
 key() {
   local root="${2:-$REPO}" paths
   case "$1" in
     base)
       text_hash "$RECIPE" "$SUITE" "$MIRROR" "$SECURITY_MIRROR" "${BASE_PACKAGES[*]}" \
-        "$(declare -f build_base base_customize)" | cut -c1-12 ;;
+        "$MOUNT_POINTS" "$(declare -f build_base base_customize export_archive)" | cut -c1-12 ;;
     schedlock | demo-app)
       mapfile -t paths < <(inputs "$1" "$root")
-      text_hash "$RECIPE" "$(key base)" "$(declare -f "build_${1//-/_}")" \
+      text_hash "$RECIPE" "$(key base)" "$(declare -f "build_${1//-/_}" build_mounts)" \
         "$(tree_hash "$root" "${paths[@]}")" | cut -c1-12 ;;
     *) die "unknown image: $1 (one of: ${NAMES[*]})" ;;
   esac
@@ -329,6 +331,7 @@ build_base() {
     echo '#!/usr/bin/env bash'
     echo 'set -euo pipefail'
     declare -f base_customize
+    # shellcheck disable=SC2016 # "$1" is for the hook script to expand, not this one
     echo 'base_customize "$1"'
   } >"$dir/customize.sh"
   chmod +x "$dir/customize.sh"
