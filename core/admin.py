@@ -271,12 +271,24 @@ def status_rows(keys: list[KeyStatus]) -> list[dict[str, Any]]:
             "since": _iso(k.since),
             "lastHeartbeat": _iso(k.heartbeat_at),
             "waiting": k.waiters,
+            "standbys": list(k.standbys),
+            "reserves": list(k.reserves),
             "backlog": k.backlog,
             "nextDue": _iso(k.next_due),
             "lastFire": _iso(k.last_fire),
         }
         for k in keys
     ]
+
+
+def _cell(value: Any) -> str:
+    """One table cell.  Standbys are shown by name (at most ``SCHEDLOCK_STANDBYS`` per key, so
+    few); reserves by number (as many as there are replicas; ``--json`` lists their names)."""
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return str(len(value)) if len(value) > 3 else (",".join(value) or "-")
+    return str(value)
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
@@ -287,12 +299,13 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         "leader",
         "term",
         "since",
-        "waiting",
+        "standbys",
+        "reserves",
         "backlog",
         "nextDue",
         "lastFire",
     ]
-    cells = [[str(r[c]) if r[c] is not None else "-" for c in columns] for r in rows]
+    cells = [[_cell(len(r[c]) if c == "reserves" else r[c]) for c in columns] for r in rows]
     header = [
         c.upper()
         for c in (
@@ -302,7 +315,8 @@ def render_table(rows: list[dict[str, Any]]) -> str:
             "leader",
             "term",
             "since",
-            "waiting",
+            "standbys",
+            "reserves",
             "backlog",
             "next due",
             "last fire",

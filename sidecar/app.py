@@ -74,10 +74,17 @@ class Sidecar:
                 f"target unreachable ({self.app.check.url}): {self.app.reason}; "
                 "not competing for leadership, its rows wait"
             )
-        down = [e for e in self.electors if not (e.connected or e.waiting_for_app)]
+        down = [e for e in self.electors if not e.settled]
         if down:
             why = "; ".join(f"{e.key}: {e.last_error or 'connecting'}" for e in down)
             return False, f"lock sessions not connected: {why}"
+        refused = [e for e in self.electors if e.refused]
+        if refused:
+            # Ready all the same: the pod's readiness gates the app's traffic, and a database
+            # out of slots is no reason to take the app out of service.  This replica holds no
+            # session and backs off; the leader and standbys keep theirs.
+            why = "; ".join(f"{e.key}: {e.refused}" for e in refused)
+            return True, f"ok, as a reserve backing off (database out of connection slots): {why}"
         return True, "ok"
 
     async def run(self) -> int:
@@ -172,6 +179,8 @@ class Sidecar:
                     metrics=self.metrics,
                     work=firer,
                     app=self.app,
+                    standbys=s.standbys,
+                    reserve_check_seconds=s.reserve_check_seconds,
                 )
                 for scheduler in s.scheduler_names
             ]

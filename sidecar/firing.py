@@ -1,7 +1,8 @@
 """The leader's work for one key: wake up, claim due rows, deliver them, record outcomes.
 
 Wake-ups: a timer to the earliest due row (computed on the database clock), NOTIFY on
-``schedlock_rows`` when any writer makes a row due-able, and a slow safety poll.  Claims come
+``schedlock_rows`` when any writer makes a row due-able (LISTEN rides on the lock session: no
+session of its own), and a slow safety poll.  Claims come
 in batches no larger than the free delivery slots; deliveries run concurrently up to the bound;
 outcomes are written back in batches — all on the lock session, all fenced by the term.
 
@@ -104,7 +105,7 @@ class _Term:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        listener = asyncio.create_task(self._listen(asyncio.Event()), name=f"listen:{self.key}")
+        listener = asyncio.create_task(self._listen(), name=f"listen:{self.key}")
         completer = asyncio.create_task(self._complete_loop(), name=f"complete:{self.key}")
         for task in (listener, completer):
             # If this term is cancelled mid-cleanup (the heartbeat lost the lease), an error of
@@ -112,9 +113,8 @@ class _Term:
             task.add_done_callback(_retrieve)
         graceful = False
         try:
-            # No waiting for the listener before the first claim (that would add its connect
-            # time to every hand-over): it wakes the loop once it listens, which re-claims and
-            # so covers anything that became due while it connected.
+            # No waiting for the listener before the first claim: it wakes the loop once it
+            # listens, which re-claims and so covers anything that became due meanwhile.
             await self._loop(completer)
             graceful = True
         finally:
@@ -183,32 +183,24 @@ class _Term:
             for waiter in waiters:
                 waiter.cancel()
 
-    async def _listen(self, ready: asyncio.Event) -> None:
-        """NOTIFY wake-ups on a dedicated connection; failures only cost latency (the poll)."""
+    async def _listen(self) -> None:
+        """NOTIFY wake-ups on the lock session itself (no session of their own); a failure
+        only costs latency (the timers and the poll still run)."""
         wanted = f"{self.key.scheduler}/{self.key.namespace}/{self.key.target}"
 
         def on_payload(payload: str) -> None:
             if payload == wanted:
                 self.wake.set()
 
-        async def woken_when_ready() -> None:
-            await ready.wait()
-            self.wake.set()
-
-        waker = asyncio.create_task(woken_when_ready(), name=f"listen-ready:{self.key}")
         try:
-            while True:
-                try:
-                    await self.firer.store.listen(ROWS_CHANNEL, on_payload, ready)
-                except StoreError as exc:
-                    ready.set()
-                    log.warning(
-                        "listener lost, relying on timers",
-                        extra={"key": str(self.key), "error": str(exc)},
-                    )
-                    await asyncio.sleep(1)
-        finally:
-            waker.cancel()
+            await self.session.listen(ROWS_CHANNEL, on_payload)
+        except StoreError as exc:
+            log.warning(
+                "listen failed, relying on timers",
+                extra={"key": str(self.key), "error": str(exc)},
+            )
+        # Listening from now on: claim again, for rows that became due before LISTEN.
+        self.wake.set()
 
     # -- recurring --------------------------------------------------------------------------------
 

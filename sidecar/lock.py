@@ -1,46 +1,88 @@
 """Leadership of one lock key — the state machine every sidecar replica runs per key.
 
-A lock key is (scheduler, namespace, target).  Exactly one replica per key leads::
+A lock key is (scheduler, namespace, target).  Exactly one replica per key leads; at most
+``standbys`` (``SCHEDLOCK_STANDBYS``, default 2) wait for the lock on a session of their own;
+every other replica is a *reserve* and holds no session at all.  So a key costs at most
+``1 + standbys`` database sessions, whatever the replica count::
 
-  ┌─────────────────┐ app reachable  ┌──────────────┐ session opened, ┌───────────┐
-  │ WAITING_FOR_APP │ (success ────▶ │ DISCONNECTED │ lease set, key ▶│ FOLLOWING │
-  │  (no session)   │  threshold)    └──────────────┘ registered      └───────────┘
-  └─────────────────┘                     ▲                             │       │
-     ▲        ▲  app unreachable: close   │ session died / heartbeat    │       │ lock granted
-     │        └─ the session (no lock) ───┼─────────────────────────────┘       │ + affinity
-     │                                    │ late: close, back off               │ + term bumped
-     │                                    │                                     ▼
-     │  app unreachable: stop claiming,   └───────────────────────────────┌─────────┐
-     └─ return unsent rows, finish or abandon in-flight, checked unlock ──│ LEADING │
-                                                                          └─────────┘
-                             SIGTERM: finish or abandon in-flight, checked      │
-                             unlock, exit 0 ──────────────▶ RELEASED ◀──────────┘
+  state            its session                    leaves for
+  ───────────────  ─────────────────────────────  ───────────────────────────────────────────
+  WAITING_FOR_APP  none                           DISCONNECTED: app reachable (success
+                                                  threshold of checks in a row)
+  DISCONNECTED     connecting                     STANDBY: a standby place taken
+                                                  RESERVE: no place free (enlist, close), or
+                                                  refused for lack of slots (back-off)
+                                                  itself: any other error (close, back off)
+  RESERVE          none                           DISCONNECTED: its turn (or back-off) is due
+                                                  WAITING_FOR_APP: app unreachable
+  STANDBY          own: 1 place, blocked in       LEADING: lock granted + affinity checked +
+                   pg_advisory_lock (0 queries/s)   place given back + term bumped
+                                                  DISCONNECTED: session died
+                                                  WAITING_FOR_APP: app unreachable (close)
+  LEADING          own: the key's lock, LISTEN    WAITING_FOR_APP: app unreachable (end the
+                                                    term, checked unlock)
+                                                  RELEASED: SIGTERM (end the term, checked
+                                                    unlock, exit 0)
+                                                  DISCONNECTED: session died / heartbeat late
+
+Standby places.  Place ``i`` of a key is a two-int4 advisory lock in a class of its own
+(``schedlock.store.keys``).  A replica connects, tries the places with ``pg_try_advisory_lock``
+(never waiting) and, holding one, waits for the key's lock on the same session: a standby.
+Granted, it gives its place back (checked unlock) so a reserve can take it; a standby that
+dies frees its place with its session.  Every replica tries once when it starts or its app
+comes back, so the first ones fill the places at once.
+
+Reserves.  A replica that found every place taken enlists in the key's roster
+(``schedlock_reserves``: holder, next check, expiry) and closes its connection.  It checks
+again at its *turn* (``schedlock.sidecar.reserve``): turns of ``reserve_check_seconds``
+(``SCHEDLOCK_RESERVE_CHECK_SECONDS``, default 5 s) on the database clock, dealt round-robin by
+rank in the roster, so the reserves of a key together open about one short connection per
+interval (a handful of statements) whatever their number — a reserve waits at 0 queries/s.
+Taking a place, it leaves the roster.  The roster is also how ``schedlock status`` lists the
+reserves, at no cost of its own: it is written only at checks that happen anyway.
+
+Bounds.  Leader lost, standbys alive: the next standby is granted within milliseconds (the
+server's lock queue).  Leader *and every standby* lost at once: some reserve's turn comes
+within ``reserve_check_seconds * 1.1`` (turns plus at most a tenth of jitter); it takes a
+place, the key's lock is free, it leads — plus one connection set-up.  A reserve that died
+keeps its turns until its row expires (one missed turn at most each).
+
+Refused connections.  A server out of slots ("too many clients", "remaining connection slots
+are reserved", SQLSTATE 53300) — or a lock session of a role that would use a reserved slot —
+makes the replica a reserve that waits for the later of its turn and a back-off doubling from
+1 s to 60 s with jitter: no storm on a full database.  ``/readyz`` says so (and stays 200: the
+pod's readiness gates the app's traffic), ``schedlock_database_connections_refused_total``
+counts it; the leader and standbys keep their sessions.
 
 Invariants (DESIGN.md "Leadership"):
 
-1. One dedicated connection per lock; the lock, its heartbeat and every row transition of
-   the key go through it.  An unlock that returns false raises :class:`UnlockFailed`.
+1. One dedicated connection per held or awaited lock; the lock, its heartbeat, every row
+   transition of the key and the leader's LISTEN go through it.  An unlock that returns false
+   (the key's lock or a standby place) raises :class:`UnlockFailed`.
 2. Fenced by construction: transitions run on the lock session and re-check the term; a
    session only loses the lock by ending, after which its statements fail.
 3. Right after acquiring, the term is bumped on the lock session; rows left ``firing`` by an
    earlier term are adopted and fired again with the same idempotency key.
-4. Followers block in ``pg_advisory_lock`` (no polling, no queries): the server grants the lock
+4. Standbys block in ``pg_advisory_lock`` (no polling, no queries): the server grants the lock
    to the next waiter within milliseconds of the holder's session ending.  The session's
    ``idle_session_timeout`` is a server-side lease: a frozen or partitioned leader loses its
    session after the lease whatever the network does.  The leader heartbeats every
    ``heartbeat_seconds`` and steps down when no heartbeat succeeded for lease minus a margin.
-5. Keys use the two-int4 advisory lock form with a fixed class id (``schedlock.store.keys``).
-6. After acquiring, a second transaction must see the lock in ``pg_locks`` for this backend;
-   a transaction-mode pooler fails that check and the process exits with a clear error.
-7. SQLite: single process, leadership always granted, the same loop.
+   Sessions per key are at most ``1 + standbys``; reserves hold none.
+5. Keys and standby places use the two-int4 advisory lock form with fixed class ids
+   (``schedlock.store.keys``).
+6. After acquiring, a second transaction must see the lock — and the standby place taken in an
+   earlier transaction — in ``pg_locks`` for this backend; a transaction-mode pooler fails that
+   check and the process exits with a clear error.
+7. SQLite: single process, leadership always granted, the same loop (always a place).
 8. Leadership follows the app (``schedlock.sidecar.target``): no session — so no place in
-   the lock queue — while the app is unreachable; a follower whose app goes away closes its
-   session; a leader whose app goes away ends its term like a graceful stop (rows not sent go
-   back to ``scheduled`` with their attempt not counted; in-flight ones finish within the
-   grace or stay ``firing`` for the next term to adopt with the same idempotency key), records
-   the release and unlocks (checked), so the next waiter is granted at once.  A lock granted
-   just as the app went away is unlocked before any term starts.  Competing again needs the
-   success threshold of passing checks in a row: no flapping.
+   the lock queue and no standby place — while the app is unreachable; a standby whose app
+   goes away closes its session; a leader whose app goes away ends its term like a graceful
+   stop (rows not sent go back to ``scheduled`` with their attempt not counted; in-flight ones
+   finish within the grace or stay ``firing`` for the next term to adopt with the same
+   idempotency key), records the release and unlocks (checked), so the next standby is granted
+   at once.  A lock granted just as the app went away is unlocked before any term starts.
+   Competing again needs the success threshold of passing checks in a row: no flapping.
 """
 
 from __future__ import annotations
@@ -56,7 +98,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from schedlock.sidecar.metrics import SidecarMetrics
+from schedlock.sidecar.reserve import grace, next_check_in, refused_backoff, with_jitter
 from schedlock.store import (
+    ConnectionsExhausted,
     LeadershipLost,
     LockKey,
     LockKeyCollision,
@@ -78,9 +122,14 @@ FATAL = (UnsafeConnection, LockKeyCollision, UnlockFailed)
 class Role(enum.Enum):
     WAITING_FOR_APP = "waiting_for_app"
     DISCONNECTED = "disconnected"
-    FOLLOWING = "following"
+    RESERVE = "reserve"
+    STANDBY = "standby"
     LEADING = "leading"
     RELEASED = "released"
+
+
+# The role each state exports as ``schedlock_role`` (the others export none).
+ROLE_LABELS = {Role.LEADING: "leader", Role.STANDBY: "standby", Role.RESERVE: "reserve"}
 
 
 @dataclass
@@ -112,6 +161,16 @@ class AppPresence(Protocol):
     reason: str
 
 
+@dataclass
+class _Turns:
+    """A reserve's last view of its roster, to place its next check (``schedlock.sidecar.reserve``)."""
+
+    db_now: float  # database clock at the last roster read
+    at: float  # time.monotonic() of that read
+    rank: int
+    reserves: int
+
+
 class KeyElector:
     """Runs the state machine for one key until ``stopping`` is set, calling ``work`` as leader."""
 
@@ -127,7 +186,11 @@ class KeyElector:
         metrics: SidecarMetrics,
         work: LeaderWork,
         app: AppPresence,
+        standbys: int = 2,
+        reserve_check_seconds: float = 5.0,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float, asyncio.Event, asyncio.Event], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.key = key
@@ -138,19 +201,35 @@ class KeyElector:
         self.metrics = metrics
         self.work = work
         self.app = app
+        self.standbys = standbys
+        self.reserve_check_seconds = reserve_check_seconds
         self.rng = rng or random.Random()
+        # Injectable so the state machine can be tested on fake time: ``clock`` reads
+        # monotonic seconds, ``sleep(seconds, *events)`` waits that long unless one is set.
+        self.clock = clock
+        self.sleep = sleep or _sleep_unless
         self.role = Role.DISCONNECTED
         self.last_error: str | None = None  # why the last session ended (for /readyz)
+        self.refused: str | None = None  # the last refusal for lack of slots, until a connect
+        self.next_check_at: float | None = None  # clock() of a reserve's next check
+        self._turns: _Turns | None = None
+        self._refused_backoff: float | None = None
         self.labels = (key.scheduler, key.namespace, key.target)
         metrics.init_key(*self.labels)
 
     @property
     def connected(self) -> bool:
-        return self.role in (Role.FOLLOWING, Role.LEADING)
+        return self.role in (Role.STANDBY, Role.LEADING)
 
     @property
     def waiting_for_app(self) -> bool:
         return self.role is Role.WAITING_FOR_APP
+
+    @property
+    def settled(self) -> bool:
+        """In a steady role: leading, standing by, a reserve between checks, or not competing
+        because the app is away (a reserve holds no session by design)."""
+        return self.role in (Role.LEADING, Role.STANDBY, Role.RESERVE, Role.WAITING_FOR_APP)
 
     async def run(self, stopping: asyncio.Event) -> None:
         backoff = 0.2
@@ -161,18 +240,45 @@ class KeyElector:
                 self._set_role(Role.WAITING_FOR_APP)
                 if not await _first(self.app.reachable, stopping) or stopping.is_set():
                     break
+            if self.next_check_at is not None:
+                # A reserve: no session until its turn (or its back-off after a refusal).
+                self._set_role(Role.RESERVE)
+                wait = self.next_check_at - self.clock()
+                if wait > 0:
+                    await self.sleep(wait, stopping, self.app.unreachable)
+                if stopping.is_set():
+                    break
+                if not self.app.reachable.is_set():
+                    continue
+                self.next_check_at = None
             session = self.store.lock_session(self.key, self.holder, self.lease_seconds)
             failed = False
+            opened = False
             try:
                 await session.connect()
-                self._set_role(Role.FOLLOWING)
+                opened = True
+                self.metrics.sessions.inc()
                 self.last_error = None
+                self.refused = None
+                self._refused_backoff = None
                 self.metrics.database_up.set(1)
                 backoff = 0.2
+                if await session.take_standby_place(self.standbys) is None:
+                    await self._enlist(session)
+                    continue
+                if self._turns is not None:
+                    # Was a reserve: off the roster, so no reserve's turn is wasted on us.
+                    await session.leave_reserves()
+                    self._turns = None
+                self._set_role(Role.STANDBY)
                 if await _until(session.acquire(), stopping, self.app.unreachable):
+                    # The lock is ours: give the standby place back, so a reserve can fill it.
+                    await session.leave_standby_place()
                     await self._lead(session, stopping)
             except FATAL:
                 raise
+            except ConnectionsExhausted as exc:
+                self._on_refused(exc)
             except (StoreUnavailable, LeadershipLost, StoreError) as exc:
                 failed = True
                 self.last_error = str(exc)
@@ -188,19 +294,64 @@ class KeyElector:
                 if self.role is Role.LEADING:
                     self._lost()
                 await session.close()
-                if self.role not in (Role.RELEASED, Role.WAITING_FOR_APP):
+                if opened:
+                    self.metrics.sessions.dec()
+                if self.role not in (Role.RELEASED, Role.WAITING_FOR_APP, Role.RESERVE):
                     self._set_role(Role.DISCONNECTED)
             if stopping.is_set():
                 break
             if not failed:
-                continue  # the app went away: wait for it, no back-off (nothing failed)
+                continue  # a reserve's turn, a refusal's back-off or the app went away
             delay = backoff * (0.5 + self.rng.random())
             backoff = min(backoff * 2, 5.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
+            await self.sleep(delay, stopping, stopping)
+
+    async def _enlist(self, session: LockSession) -> None:
+        """Every standby place is taken: enlist in the roster, then hold no session until our
+        turn.  Turns spread the reserves' checks to about one per interval per key."""
+        roster = await session.reserve_roster()
+        self._turns = _Turns(roster.db_now, self.clock(), roster.rank, roster.reserves)
+        wait = self._next_turn_in(self._turns)
+        await session.enlist_reserve(wait, grace(self.reserve_check_seconds))
+        self.next_check_at = self.clock() + wait
+        self._set_role(Role.RESERVE)
+
+    def _next_turn_in(self, turns: _Turns) -> float:
+        """Seconds to our next turn, the database clock advanced by the time since the read."""
+        return next_check_in(
+            turns.db_now + (self.clock() - turns.at),
+            rank=turns.rank,
+            reserves=turns.reserves,
+            interval=self.reserve_check_seconds,
+            draw=self.rng.random(),
+        )
+
+    def _on_refused(self, exc: ConnectionsExhausted) -> None:
+        """No slot for us: wait for the later of our next turn and a growing, jittered
+        back-off, holding no session — the slots belong to the app as much as to us."""
+        self.metrics.refused.inc()
+        self._refused_backoff = refused_backoff(self._refused_backoff)
+        wait = with_jitter(self._refused_backoff, self.rng.random())
+        if self._turns is not None:
+            wait = max(wait, self._next_turn_in(self._turns))
+        self.refused = str(exc)
+        self.next_check_at = self.clock() + wait
+        self._set_role(Role.RESERVE)
+        log.warning(
+            "database refused a connection for lack of slots, backing off",
+            extra={
+                "event": "connections_refused",
+                "key": str(self.key),
+                "error": str(exc),
+                "retry_in_s": round(wait, 2),
+            },
+        )
 
     def _set_role(self, role: Role) -> None:
         self.role = role
+        current = ROLE_LABELS.get(role)
+        for label in ROLE_LABELS.values():
+            self.metrics.role.labels(*self.labels, label).set(1 if label == current else 0)
 
     def _lost(self, direction: str = "lost") -> None:
         self.metrics.leader.labels(*self.labels).set(0)
@@ -306,6 +457,16 @@ def first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
+async def _sleep_unless(seconds: float, *events: asyncio.Event) -> None:
+    """Wait ``seconds`` unless one of ``events`` is set first."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
 async def _first(*events: asyncio.Event) -> bool:
     """Wait until one of ``events`` is set; True when it is the first one."""
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
@@ -323,6 +484,9 @@ async def _until(call: Awaitable[None], *unless: asyncio.Event) -> bool:
     stops = [asyncio.ensure_future(event.wait()) for event in unless]
     try:
         await asyncio.wait({task, *stops}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()  # cancelled from outside (a fatal error elsewhere): never leave it waiting
+        raise
     finally:
         for stop in stops:
             stop.cancel()

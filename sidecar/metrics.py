@@ -1,7 +1,7 @@
 """Prometheus metrics on an explicit registry (tests read it; nothing global is touched).
 
 Labels are bounded: ``scheduler`` (publish|recurring), ``namespace`` and ``target`` of the
-lock key, and ``outcome`` from a fixed set.
+lock key, ``outcome`` and ``role`` from fixed sets.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from schedlock import __version__
 
 KEY_LABELS = ("scheduler", "namespace", "target")
 OUTCOMES = ("published", "retry", "failed", "missed")
+ROLES = ("leader", "standby", "reserve")
 
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 GAP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120)
@@ -86,6 +87,26 @@ class SidecarMetrics:
             "1 when the sidecar's database sessions are connected, else 0.",
             registry=r,
         )
+        self.sessions = Gauge(
+            "schedlock_database_sessions",
+            "Database sessions this sidecar holds open for its lock keys right now: one per key "
+            "it leads or stands by for, plus a reserve's check while it lasts.",
+            registry=r,
+        )
+        self.role = Gauge(
+            "schedlock_role",
+            "1 for this replica's role for the key: leader (holds the lock), standby (waits for "
+            "it on its own session) or reserve (no session, checks now and then for a free "
+            "standby place); all 0 while it does not compete (its app is away) or reconnects.",
+            (*KEY_LABELS, "role"),
+            registry=r,
+        )
+        self.refused = Counter(
+            "schedlock_database_connections_refused_total",
+            "Connections the database refused for lack of slots (too many clients, reserved "
+            "slots) or that would have used a reserved slot; the sidecar backs off with jitter.",
+            registry=r,
+        )
         self.target_up = Gauge(
             "schedlock_target_up",
             "1 while the app answers the sidecar's readiness check of it (the sidecar then "
@@ -105,6 +126,8 @@ class SidecarMetrics:
         self.handover_gap.labels(*labels)
         self.lateness.labels(*labels)
         self.last_tick.labels(*labels)
+        for role in ROLES:
+            self.role.labels(*labels, role).set(0)
         for direction in ("acquired", "lost", "released"):
             self.transitions.labels(*labels, direction)
         for outcome in OUTCOMES:

@@ -126,6 +126,25 @@ class SidecarSettings:
         parse=number(0.2, 100),
         unit="seconds",
     )
+    standbys: int = setting(
+        env="SCHEDLOCK_STANDBYS",
+        help="standby places per lock key: at most this many replicas wait for the lock on "
+        "their own session (millisecond hand-over); the others hold no session and check "
+        "now and then for a free place. Sessions per key are at most 1 + this, whatever the "
+        "replica count; a value at least the replica count gives every replica a session",
+        default=2,
+        parse=integer(0, 10000),
+        unit="sessions",
+    )
+    reserve_check_seconds: float = setting(
+        env="SCHEDLOCK_RESERVE_CHECK_SECONDS",
+        help="replicas without a session check for a free standby place in turns: together "
+        "about once per this interval per key, whatever their number. Bounds the takeover "
+        "when the leader and every standby die at once: a tenth over it, plus a connection",
+        default=5.0,
+        parse=number(0.2, 600),
+        unit="seconds",
+    )
     batch_size: int = setting(
         env="SCHEDLOCK_BATCH_SIZE",
         help="rows claimed per round trip",

@@ -12,6 +12,17 @@ Another application that also uses the two-int4 form with class 0x53434C4B would
 a different class there.  Two schedlock keys whose hashes collide (probability ~n²/2³³) would
 share one leader and starve each other, so the store registers every key's ids under a UNIQUE
 constraint and refuses to start with a clear error instead (:class:`LockKeyCollision`).
+
+Standby places (``schedlock.sidecar.lock``): a key has ``standbys`` places, place ``i`` being the
+two-int4 advisory lock
+
+* ``classid`` = ``STANDBY_CLASS_ID`` = 0x53434C53 (ASCII "SCLS"), a class apart from the keys';
+* ``objid``   = the same hash over ``"schedlock/v1/<scheduler>/<namespace>/<target>/standby/<i>"``.
+
+A replica waits for the key's lock only while it holds one place on the same session, so at
+most ``1 + standbys`` sessions exist per key.  Places live in their own class, so they can
+never collide with a key's lock; two keys whose places collide merely share that place (one
+standby fewer for each, still bounded and still correct), which needs no registry.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import hashlib
 from dataclasses import dataclass
 
 SCHEDLOCK_CLASS_ID = 0x53434C4B
+STANDBY_CLASS_ID = 0x53434C53
 MIGRATIONS_OBJID = 0  # the lock that serialises migrations: (SCHEDLOCK_CLASS_ID, 0)
 SCHEDULERS = ("publish", "recurring")
 
@@ -46,6 +58,10 @@ class LockKey:
     @property
     def objid(self) -> int:
         return objid_for(self.text)
+
+    def standby_objids(self, places: int) -> list[int]:
+        """The objids of the key's standby places 0 .. places-1 (class ``STANDBY_CLASS_ID``)."""
+        return [objid_for(f"{self.text}/standby/{i}") for i in range(places)]
 
     def params(self) -> dict[str, object]:
         return {

@@ -386,10 +386,11 @@ class PostgresLockSession:
                 f"place {place} of {self.key}: this session did not hold it"
             )
 
-    async def standby_places_held(self, places: int) -> int:
-        return int(
-            (await self._fetchone("standby_places_held", self._place_params(places)))["held"]
-        )
+    async def _holds_place(self) -> bool:
+        assert self._place is not None
+        objid = self.key.standby_objids(self._place + 1)[self._place]
+        params = {"place_classid": STANDBY_CLASS_ID, "place_objids": [objid]}
+        return int((await self._fetchone("standby_places_held", params))["held"]) == 1
 
     async def reserve_roster(self) -> ReserveRoster:
         row = await self._fetchone("reserve_roster", {**self.key.params(), "holder": self.holder})
@@ -444,6 +445,10 @@ class PostgresLockSession:
         async with _affinity_lock():
             row = await self._fetchone("lock_held", self.key.params())
             if not row["held"] or int(row["pid"]) != self._lock_pid:
+                raise UnsafeConnection(UNSAFE_POOLER)
+            if self._place is not None and not await self._holds_place():
+                # The place was taken in an earlier transaction: another server session
+                # holds it, so statements do not stay on one session.
                 raise UnsafeConnection(UNSAFE_POOLER)
             if row["client_port"] is not None and row["client_port"] == self._local_port():
                 return

@@ -48,6 +48,8 @@ BAD_VALUES: dict[str, tuple[str, str]] = {
     "SCHEDLOCK_HOLDER": ("x" * 80, "1 to 63"),
     "SCHEDLOCK_LEASE_SECONDS": ("1", "from 2 to 300"),
     "SCHEDLOCK_HEARTBEAT_SECONDS": ("abc", "a number"),
+    "SCHEDLOCK_STANDBYS": ("-1", "from 0 to 10000"),
+    "SCHEDLOCK_RESERVE_CHECK_SECONDS": ("0.1", "from 0.2 to 600"),
     "SCHEDLOCK_BATCH_SIZE": ("0", "from 1 to 10000"),
     "SCHEDLOCK_CONCURRENCY": ("lots", "whole number"),
     "SCHEDLOCK_REQUEST_TIMEOUT_SECONDS": ("-1", "from 0.1 to 600"),

@@ -353,6 +353,17 @@ class FakeSession:
     async def release(self, term: int | None) -> None:
         self.log.append(f"release:{term}")
 
+    # A single replica: there is always a standby place (tests/unit/test_connection_budget.py
+    # has the places, the roster and the reserves).
+    async def take_standby_place(self, places: int) -> int | None:
+        return 0
+
+    async def leave_standby_place(self) -> None:
+        return None
+
+    async def leave_reserves(self) -> None:
+        return None
+
 
 class FakeStore:
     dialect = "postgresql"
@@ -430,7 +441,7 @@ async def test_no_session_while_the_app_is_away_then_compete() -> None:
         await asyncio.sleep(0)
         assert store.log == [], "no session, so no waiter that could be granted"
         app.set(True)
-        await until(lambda: subject.role is Role.FOLLOWING and "acquire" in store.log)
+        await until(lambda: subject.role is Role.STANDBY and "acquire" in store.log)
         assert store.log == ["session", "connect", "acquire"]
 
 

@@ -41,7 +41,7 @@ WHERE pg_try_advisory_lock(%(place_classid)s, u.objid)
 LIMIT 1;
 
 -- name: standby_places_held
--- How many standby places of the key this backend holds (tests and the leader's check).
+-- How many of these standby places this backend holds (the affinity check: 1 expected).
 SELECT count(*) AS held FROM pg_locks
 WHERE locktype = 'advisory' AND classid = %(place_classid)s::int::oid
   AND objid = ANY (%(place_objids)s::int[]::oid[]) AND objsubid = 2
