@@ -40,6 +40,7 @@ OVERDUE_SECONDS = 60
 HANDOVER_GAP_SECONDS = 15
 HANDOVER_WINDOW = "30m"
 FAILURE_WINDOW = "15m"
+REFUSED_WINDOW = "5m"
 
 GRAFANA_FOLDER = "schedlock"
 # Grafana expands environment variables in provisioning files (not in annotations): the
@@ -229,6 +230,27 @@ ALERTS: tuple[Alert, ...] = (
             "Sidecar {{ $labels.pod }} ({{ $labels.instance }}, namespace "
             "{{ $labels.namespace }}) has reported schedlock_database_up 0 for more than "
             "{for}: it is not ready and does not compete for any lock."
+        ),
+    ),
+    Alert(
+        name="SchedlockDatabaseConnectionsRefused",
+        severity="warning",
+        # Refusals in every 5-minute window for 10 minutes: a database that stays full, not
+        # one refused check while the app's pool briefly peaked.
+        value=(
+            "sum by (namespace, pod) "
+            f"(increase(schedlock_database_connections_refused_total[{REFUSED_WINDOW}]))"
+        ),
+        op=">",
+        threshold=0,
+        for_="10m",
+        summary="The database refuses schedlock sidecar {{ $labels.pod }} for lack of slots",
+        description=(
+            "The database has refused connections of sidecar {{ $labels.pod }} (namespace "
+            "{{ $labels.namespace }}) for lack of connection slots (too many clients) in every "
+            f"{REFUSED_WINDOW} for more than " + "{for}: it is full. The sidecar holds no "
+            "session and backs off, and leaders keep theirs, but a key whose leader and "
+            "standbys are lost now cannot be taken over, and the app's own pool is at the limit."
         ),
     ),
 )

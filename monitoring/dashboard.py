@@ -359,6 +359,42 @@ def panels() -> list[dict[str, Any]]:
             thresholds=_thresholds((None, "red"), (1, "green")),
         ),
         _timeseries(
+            "Database sessions",
+            "Sessions the sidecars hold on the database for their lock keys: per key the leader "
+            "and at most SCHEDLOCK_STANDBYS standbys, whatever the replica count.",
+            [
+                _target(
+                    f"sum by (namespace) (schedlock_database_sessions{{{SIDECAR_SEL}}})",
+                    "{{namespace}}",
+                )
+            ],
+            stacked=True,
+        ),
+        _timeseries(
+            "Roles per key",
+            "Replicas per role and lock key: leader (1), standby (waits on its own session), "
+            "reserve (no session, checks in turns for a free standby place).",
+            [
+                _target(
+                    f"sum by ({KEY}, role) (schedlock_role{{{SEL}}})",
+                    f"{KEY_LEGEND} {{{{role}}}}",
+                )
+            ],
+        ),
+        _timeseries(
+            "Refused connections",
+            "Connections the database refused for lack of slots (too many clients), per "
+            "sidecar. Sustained for 10m fires SchedlockDatabaseConnectionsRefused.",
+            [
+                _target(
+                    "sum by (pod) (rate(schedlock_database_connections_refused_total"
+                    f"{{{SIDECAR_SEL}}}[$__rate_interval]))",
+                    "{{pod}}",
+                )
+            ],
+            unit="ops",
+        ),
+        _timeseries(
             "Versions",
             "Sidecars per schedlock version.",
             [
@@ -387,6 +423,9 @@ _WIDTHS = {
     "Since the leader's last tick": 8,
     "Database connected": 16,
     "Versions": 8,
+    "Database sessions": 8,
+    "Roles per key": 8,
+    "Refused connections": 8,
 }
 
 

@@ -213,6 +213,9 @@ def test_dashboard_panels() -> None:
         "Oldest due age",
         "Leadership transitions",
         "Database connected",
+        "Database sessions",
+        "Roles per key",
+        "Refused connections",
     ):
         assert expected in titles
     for panel in panels:
@@ -230,7 +233,12 @@ def test_dashboard_panels() -> None:
     (timeline,) = (p for p in panels if p["title"] == "Leader by pod")
     assert timeline["type"] == "state-timeline"
     assert "pod" in timeline["targets"][0]["expr"]
-    key_queries = [e for _, e in dashboard.queries(board) if "schedlock_database_up" not in e]
-    key_queries = [e for e in key_queries if "schedlock_build_info" not in e]
+    per_sidecar = (
+        "schedlock_database_up",
+        "schedlock_build_info",
+        "schedlock_database_sessions",
+        "schedlock_database_connections_refused_total",
+    )
+    key_queries = [e for _, e in dashboard.queries(board) if not any(m in e for m in per_sidecar)]
     for expr in key_queries:
         assert 'target=~"$target"' in expr and 'scheduler=~"$scheduler"' in expr, expr
