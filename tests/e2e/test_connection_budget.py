@@ -400,7 +400,7 @@ def test_too_many_clients_backs_off_says_so_and_recovers(tmp_path: Path) -> None
         server.destroy()
 
 
-def test_standby_places_are_advisory_locks_of_their_own_class(
+def test_standby_places_status_and_listen_on_the_lock_session(
     tmp_path: Path, migrated_database: str, sidecar_url: str
 ) -> None:
     group = SidecarGroup(tmp_path, sidecar_url, replicas=4, extra_env=publish_only(5)).start()
@@ -441,5 +441,13 @@ def test_standby_places_are_advisory_locks_of_their_own_class(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE '%-listen'",
         )
         assert listen_sessions == 0, "LISTEN rides on the leader's lock session"
+        # ... and it works there: a row written now, with the leader idle until its 30 s safety
+        # poll, fires at once because the NOTIFY wakes it on the lock session.
+        insert_rows(migrated_database, 1, start_in=0.2, prefix="woken")
+        wait_for(
+            lambda: row_states(migrated_database, "woken").get("published") == 1,
+            timeout=10,
+            what="the row fired on NOTIFY (the poll is 30 s away)",
+        )
     finally:
         group.stop()
