@@ -150,6 +150,9 @@ async def run_kopf(
         await kopf.operator(
             registry=registry,
             settings=kopf_settings,
+            # Named, not detected: kopf's detection calls getpass.getuser(), which raises in an
+            # image whose uid (65532) has no passwd entry — the operator's own pod.
+            identity=settings.holder_name,
             standalone=True,
             clusterwide=not settings.watch_namespaces,
             namespaces=settings.watch_namespaces,
