@@ -25,10 +25,13 @@ class Timings:
     k8s_renew_deadline_s: float = 10.0  # client-go RenewDeadline default
     k8s_retry_s: float = 2.0  # client-go RetryPeriod default
     k8s_poll_s: float = 1.0  # how often the k8s_lease leader looks for due rows
+    schedlock_reserve_check_s: float = 5.0  # SCHEDLOCK_RESERVE_CHECK_SECONDS default
 
     def schedlock_env(self) -> dict[str, str]:
         defaults = Timings()
         env: dict[str, str] = {}
+        if self.schedlock_reserve_check_s != defaults.schedlock_reserve_check_s:
+            env["SCHEDLOCK_RESERVE_CHECK_SECONDS"] = f"{self.schedlock_reserve_check_s:g}"
         if self.schedlock_lease_s != defaults.schedlock_lease_s:
             env["SCHEDLOCK_LEASE_SECONDS"] = f"{self.schedlock_lease_s:g}"
         if self.schedlock_heartbeat_s != defaults.schedlock_heartbeat_s:
@@ -58,8 +61,9 @@ class Profile:
     idle_window_s: float = 30.0
     operator_objects: int = 1000
     operator_cap_s: float = 240.0
-    scale_sidecars: int = 50
-    scale_targets: int = 10
+    scale_replicas: tuple[int, ...] = (5, 20, 50)  # replicas of one target, per design
+    scale_window_s: float = 30.0  # quiet window for new connections/s and statements/s
+    scale_failover_trials: int = 5  # SIGKILLs of the leader per design and replica count
 
 
 FULL = Profile(
@@ -85,8 +89,8 @@ QUICK = Profile(
     idle_window_s=10.0,
     operator_objects=200,
     operator_cap_s=120.0,
-    scale_sidecars=50,
-    scale_targets=10,
+    scale_window_s=10.0,
+    scale_failover_trials=2,
 )
 
 SMOKE = Profile(
@@ -98,6 +102,7 @@ SMOKE = Profile(
         k8s_lease_s=4.0,
         k8s_renew_deadline_s=3.0,
         k8s_retry_s=1.0,
+        schedlock_reserve_check_s=1.0,
     ),
     replicas=2,
     sigkill_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1},
@@ -116,8 +121,9 @@ SMOKE = Profile(
     idle_window_s=2.0,
     operator_objects=5,
     operator_cap_s=60.0,
-    scale_sidecars=4,
-    scale_targets=2,
+    scale_replicas=(4,),
+    scale_window_s=2.0,
+    scale_failover_trials=1,
 )
 
 PROFILES = {p.name: p for p in (FULL, QUICK, SMOKE)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -186,10 +187,9 @@ def table(doc: dict[str, Any]) -> str:
     sc = doc.get("scale")
     if sc:
         cell = (
-            f"{sc['sidecars']} sidecars / {sc['targets']} targets: "
-            f"{'one' if sc['one_leader_per_key'] else 'NOT one'} leader per key "
-            f"({sc['keys']} keys), {sc['connections']} connections "
-            f"({sc['connections_per_sidecar']}/sidecar)"
+            f"{sc['sidecars']} replicas of one target at max_connections "
+            f"{sc['max_connections']}: {'one' if sc['one_leader_per_key'] else 'NOT one'} "
+            f"leader per key, {sc['connections']} sessions (table below)"
         )
     else:
         cell = "–"
@@ -201,7 +201,39 @@ def table(doc: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
     lines += ["", "| schedlock target | measured | met |", "|---|---|---|"]
     lines += [f"| {name} | {value} | {_check(ok)} |" for name, value, ok in targets(doc)]
+    lines += scale_table(sc)
     return "\n".join(lines)
+
+
+ScaleColumn = tuple[str, Callable[[dict[str, Any]], str]]
+SCALE_COLUMNS: tuple[ScaleColumn, ...] = (
+    ("sessions held", lambda r: _num(r["sessions_held"]["median"])),
+    ("new connections/s", lambda r: _num(r["new_connections_per_s"])),
+    ("statements/s", lambda r: _num(r["statements_per_s"])),
+    ("SIGKILL failover p99, ms", lambda r: _num(r["failover_sigkill_ms"]["p99"])),
+    ("connections refused", lambda r: str(r["refused_connections"])),
+    ("replicas not ready", lambda r: str(r["not_ready"])),
+)
+
+
+def scale_table(sc: dict[str, Any] | None) -> list[str]:
+    """The connection budget: per replica count, each figure as bounded / baseline."""
+    if not sc or not sc.get("designs"):
+        return []
+    bounded, baseline = sc["designs"]["bounded"], sc["designs"]["baseline"]
+    header = ["replicas (2 keys)", *(name for name, _ in SCALE_COLUMNS)]
+    lines = [
+        "",
+        f"Connection budget at max_connections {sc['max_connections']}: each cell is "
+        "bounded (SCHEDLOCK_STANDBYS 2) / baseline (a session per replica per key).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for mine, old in zip(bounded, baseline, strict=True):
+        cells = [f"{value(mine)} / {value(old)}" for _, value in SCALE_COLUMNS]
+        lines.append(f"| {mine['replicas']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def machine_line(doc: dict[str, Any]) -> str:
@@ -227,7 +259,7 @@ def write(
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "latest.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-    plots = _plots(out, series, censored)
+    plots = _plots(out, series, censored) + _scale_plot(out, doc.get("scale"))
     text = [
         f"# schedlock benchmark — {_get(doc, 'machine', 'profile')} run, {doc['when']}",
         "",
@@ -326,3 +358,35 @@ def _plots(
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _scale_plot(out: Path, sc: dict[str, Any] | None) -> list[Path]:
+    """Sessions held against replicas, bounded and baseline, with the server's limit."""
+    if not sc or not sc.get("designs"):
+        return []
+    designs, limit = sc["designs"], sc["max_connections"]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    styles = {"bounded": ("tab:green", "schedlock (standbys 2)"), "baseline": ("tab:red", "")}
+    for design, results in designs.items():
+        color, label = styles.get(design, ("tab:gray", design))
+        xs = [r["replicas"] for r in results]
+        ys = [r["sessions_held"]["median"] for r in results]
+        ax.plot(xs, ys, "o-", color=color, label=label or "a session per replica per key")
+    ax.axhline(limit, ls="--", color="gray", lw=1, label=f"max_connections {limit}")
+    ax.set_xlabel("replicas of one target (2 lock keys)")
+    ax.set_ylabel("database sessions held")
+    ax.set_title("sessions against replicas")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "scale_sessions.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

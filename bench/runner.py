@@ -8,7 +8,7 @@ Order and grouping (what may share the machine with what):
 3. throughput — schedlock alone, then the two baselines side by side;
 4. idle queries and footprint — all three systems idling side by side, one window;
 5. operator — the burst of ScheduledPublish objects;
-6. scale — 50 sidecars.
+6. scale — 5, 20 and 50 replicas of one target at max_connections 100, bounded vs baseline.
 """
 
 from __future__ import annotations

@@ -1,16 +1,33 @@
-"""Scale: 50 sidecar processes over 10 targets on one PostgreSQL.
+"""Scale: the connection budget — N replicas of one target at PostgreSQL's default
+``max_connections`` (100), the bounded design against the one-session-per-replica baseline.
 
-Every sidecar runs both schedulers, so 10 targets are 20 lock keys with 5 candidates each.
-Sampled from ``pg_locks`` several times: exactly one granted holder per key, the others
-waiting.  Connections come from ``pg_stat_activity``.  One row per target then checks that
-each target's leader fires its own row, once.
+For each design and each replica count (``Profile.scale_replicas``: 5, 20, 50) one target's
+sidecars (both schedulers: 2 lock keys) start on a fresh database, then:
+
+* sessions held: client sessions on the database (``pg_stat_activity``), sampled ``SAMPLES``
+  times once every key is led and the standby places are filled;
+* new connections/s and statements/s over a quiet window, from ``pg_stat_database``
+  (``sessions`` and ``xact_commit``: every statement of an autocommit session is one
+  transaction; our own sampling runs on another database, so it is not counted);
+* refused connections (``schedlock_database_connections_refused_total`` summed over the
+  sidecars) and whether each key had exactly one leader;
+* SIGKILL failover: rows due every 10 ms, the publish leader SIGKILLed, the gap at the
+  receiver between the last delivery before the kill and the first one by a successor;
+  a fresh replica then replaces the dead one and the places refill before the next trial.
+
+``bounded`` is schedlock as shipped (``SCHEDLOCK_STANDBYS`` 2, reserves with no session);
+``baseline`` sets ``SCHEDLOCK_STANDBYS`` beyond any replica count, so every replica waits on
+its own session per key — the design before the connection budget, minus the separate LISTEN
+session its leaders used to add (one more per led key).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import signal
+import statistics
 import time
 from typing import Any
 
@@ -24,6 +41,9 @@ from bench.systems import rss_mb, until
 from tests.support.sidecars import ReceiverProcess, SidecarProcess
 
 SAMPLES = 10
+TARGET = "app"
+DESIGNS = {"bounded": {}, "baseline": {"SCHEDLOCK_STANDBYS": "10000"}}
+REFUSED = "schedlock_database_connections_refused_total"
 
 
 def _locks(ctx: Context, oid: int) -> dict[int, list[bool]]:
@@ -38,88 +58,192 @@ def _locks(ctx: Context, oid: int) -> dict[int, list[bool]]:
     return keys
 
 
-async def run(ctx: Context) -> None:
+def _sessions(ctx: Context, dbname: str) -> int:
+    return int(
+        ctx.env.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+            "AND backend_type = 'client backend'",
+            (dbname,),
+        )[0][0]
+    )
+
+
+def _counters(ctx: Context, dbname: str) -> tuple[int, int]:
+    """(sessions established, transactions committed) of the database so far."""
+    row = ctx.env.sql(
+        "SELECT sessions, xact_commit FROM pg_stat_database WHERE datname = %s", (dbname,)
+    )[0]
+    return int(row[0]), int(row[1])
+
+
+def _leader(sidecars: list[SidecarProcess]) -> SidecarProcess | None:
+    return next((s for s in sidecars if s.alive() and s.leads("publish")), None)
+
+
+class Fleet:
+    """One design at one replica count: its sidecars, receiver and database."""
+
+    def __init__(self, ctx: Context, design: str, replicas: int) -> None:
+        self.ctx = ctx
+        self.design = design
+        self.dbname = ctx.env.new_database(f"scale_{design}_{replicas}")
+        self.url = ctx.env.url(self.dbname)
+        self.oid = ctx.env.database_oid(self.dbname)
+        self.workdir = ctx.env.workdir / self.dbname
+        self.receiver = ReceiverProcess(self.workdir / "receiver").start()
+        self.log = DeliveryLog(self.receiver.log_path)
+        self.sidecars: list[SidecarProcess] = []
+        self.started = 0
+
+    def add(self) -> SidecarProcess:
+        env = {
+            "SCHEDLOCK_DATABASE_URL": self.url,
+            "SCHEDLOCK_TARGET": TARGET,
+            "SCHEDLOCK_TARGET_URL": self.receiver.url,
+            "SCHEDLOCK_LOG_FORMAT": "json",
+            **self.ctx.profile.timings.schedlock_env(),
+            **DESIGNS[self.design],
+        }
+        sidecar = SidecarProcess(f"{TARGET}-{self.started}", self.workdir / "sidecars", env)
+        self.started += 1
+        self.sidecars.append(sidecar.start())
+        return sidecar
+
+    def one_leader_per_key(self) -> bool:
+        keys = _locks(self.ctx, self.oid)
+        return len(keys) == 2 and all(sum(h) == 1 for h in keys.values())
+
+    def refused(self) -> int:
+        return int(sum(s.metrics().get(REFUSED, 0) for s in self.sidecars if s.alive()))
+
+    def stop(self) -> None:
+        for sidecar in self.sidecars:
+            sidecar.signal(signal.SIGTERM)
+        for sidecar in self.sidecars:
+            sidecar.stop()
+        self.receiver.stop()
+
+
+async def _settle(fleet: Fleet, replicas: int) -> None:
+    """Wait for the places the leaders gave back to fill (the reserves' next turns): the
+    bounded design then holds 2 x (1 + 2) sessions; the baseline holds its own at once."""
+    interval = fleet.ctx.profile.timings.schedlock_reserve_check_s
+    if fleet.design == "baseline":
+        await asyncio.sleep(1.0)
+        return
+    expected = 2 * min(replicas, 3)
+    try:
+        await until(
+            lambda: _sessions(fleet.ctx, fleet.dbname) >= expected, 3 * interval + 5, 0.1, "places"
+        )
+    except TimeoutError:
+        fleet.ctx.say(f"scale {fleet.design} x{replicas}: standby places not refilled in time")
+
+
+async def _failover(fleet: Fleet, trial: int) -> float:
+    """SIGKILL the publish leader while rows are due every 10 ms; the gap at the receiver, ms."""
+    leader = await until(lambda: _leader(fleet.sidecars), 60, 0.05, "a publish leader")
+    prefix = f"kill{trial}"
+    start = time.time() + 0.5
+    insert_due(fleet.url, prefix=prefix, count=300, start_at=start, spacing=0.01, target=TARGET)
+    await until(
+        lambda: any(e.uid.startswith(prefix) for e in fleet.log.refresh()[-50:]),
+        30,
+        0.02,
+        "deliveries before the kill",
+    )
+    await asyncio.sleep(0.3)
+    t_kill = time.time()
+    leader.signal(signal.SIGKILL)
+    leader.wait(10)
+    fleet.sidecars.remove(leader)
+
+    def successor_arrival() -> float | None:
+        found = [
+            e.arrival
+            for e in fleet.log.refresh()
+            if e.uid.startswith(prefix) and e.arrival > t_kill and e.holder != leader.name
+        ]
+        return min(found) if found else None
+
+    first = await until(successor_arrival, 60, 0.01, "a successor's delivery")
+    before = [
+        e.arrival
+        for e in fleet.log.entries
+        if e.uid.startswith(prefix) and (e.arrival <= t_kill or e.holder == leader.name)
+    ]
+    last = max(before) if before else t_kill
+    fleet.add()  # back to N replicas: it starts as a reserve (or a standby, a place being free)
+    return (first - last) * 1000
+
+
+async def _measure(ctx: Context, design: str, replicas: int) -> dict[str, Any]:
     p = ctx.profile
-    dbname = ctx.env.new_database("scale")
-    url = ctx.env.url(dbname)
-    oid = ctx.env.database_oid(dbname)
-    workdir = ctx.env.workdir / dbname
-    receiver = ReceiverProcess(workdir / "receiver").start()
-    targets = [f"app{i}" for i in range(p.scale_targets)]
-    keys = 2 * len(targets)
-    sidecars: list[SidecarProcess] = []
+    fleet = Fleet(ctx, design, replicas)
     try:
         t0 = time.monotonic()
-        for number in range(p.scale_sidecars):
-            target = targets[number % len(targets)]
-            env = {
-                "SCHEDLOCK_DATABASE_URL": url,
-                "SCHEDLOCK_TARGET": target,
-                "SCHEDLOCK_TARGET_URL": receiver.url,
-                "SCHEDLOCK_LOG_FORMAT": "json",
-                **p.timings.schedlock_env(),
-            }
-            sidecars.append(SidecarProcess(f"{target}-{number}", workdir / "sidecars", env).start())
-        ctx.say(f"scale: {len(sidecars)} sidecars over {len(targets)} targets starting")
-        for sidecar in sidecars:
-            await until(sidecar.ready, 300, 0.1, f"{sidecar.name} to be ready")
+        for _ in range(replicas):
+            fleet.add()
+        # The baseline may not fit (a session per replica per key, against 100 slots): its
+        # last sidecars cannot even read the schema. Wait a bounded time and count them.
+        with contextlib.suppress(TimeoutError):
+            await until(lambda: all(s.ready() for s in fleet.sidecars), 120, 0.2, "sidecars ready")
         ready_s = time.monotonic() - t0
-        await until(
-            lambda: sum(any(g) for g in _locks(ctx, oid).values()) == keys, 60, 0.1, "every key led"
-        )
-        led_s = time.monotonic() - t0
-        granted: list[int] = []
-        waiting: list[int] = []
+        not_ready = sum(not s.ready() for s in fleet.sidecars)
+        await until(fleet.one_leader_per_key, 60, 0.1, "one leader per key")
+        await _settle(fleet, replicas)
+        sessions = []
+        one_leader = True
         for _ in range(SAMPLES):
-            for holders in _locks(ctx, oid).values():
-                granted.append(sum(holders))
-                waiting.append(len(holders) - sum(holders))
+            sessions.append(_sessions(ctx, fleet.dbname))
+            one_leader = one_leader and fleet.one_leader_per_key()
             await asyncio.sleep(0.2)
-        connections = ctx.env.sql(
-            "SELECT coalesce(state, '?'), count(*) FROM pg_stat_activity WHERE datname = %s "
-            "GROUP BY 1",
-            (dbname,),
-        )
-        by_state = {str(state): int(n) for state, n in connections}
-        total = sum(by_state.values())
-        for target in targets:
-            insert_due(
-                url, prefix=target, count=1, start_at=time.time() + 0.5, spacing=0.0, target=target
-            )
-        log = DeliveryLog(receiver.log_path)
-        await until(
-            lambda: len(log.first_arrivals()) >= len(targets), 30, 0.1, "one fire per target"
-        )
-        await asyncio.sleep(0.5)
-        fired = collections.Counter(e.uid for e in log.refresh())
-        right_leader = all(e.holder.startswith(e.uid.rsplit("-", 1)[0] + "-") for e in log.entries)
-        max_conn = int(ctx.env.sql("SHOW max_connections")[0][0])
+        before, t_before = _counters(ctx, fleet.dbname), time.monotonic()
+        await asyncio.sleep(p.scale_window_s)
+        after, window = _counters(ctx, fleet.dbname), time.monotonic() - t_before
+        gaps: list[float] = []
+        for trial in range(p.scale_failover_trials):
+            gaps.append(await _failover(fleet, trial))
+            await _settle(fleet, replicas)
         result: dict[str, Any] = {
-            "sidecars": len(sidecars),
-            "targets": len(targets),
-            "keys": keys,
-            "samples": SAMPLES,
-            "leaders_per_key": {"min": min(granted), "max": max(granted)},
-            "waiters_per_key": {"min": min(waiting), "max": max(waiting)},
-            "one_leader_per_key": min(granted) == 1 and max(granted) == 1,
-            "connections": total,
-            "connections_per_sidecar": round(total / len(sidecars), 2),
-            "connections_by_state": by_state,
-            "max_connections": max_conn,
+            "replicas": replicas,
+            "keys": 2,
+            "sessions_held": {"median": statistics.median(sessions), "max": max(sessions)},
+            "new_connections_per_s": round((after[0] - before[0]) / window, 3),
+            "statements_per_s": round((after[1] - before[1]) / window, 1),
+            "window_s": round(window, 1),
+            "one_leader_per_key": one_leader,
+            "refused_connections": fleet.refused(),
+            "failover_sigkill_ms": summarize(gaps),
             "ready_s": round(ready_s, 1),
-            "all_keys_led_s": round(led_s, 1),
-            "fired_once_per_target": len(fired) == len(targets) and max(fired.values()) == 1,
-            "fired_by_own_target": right_leader,
-            "rss_mb": summarize([rss_mb(s.pid) or 0.0 for s in sidecars]),
+            "not_ready": not_ready,
+            "rss_mb": summarize([rss_mb(s.pid) or 0.0 for s in fleet.sidecars if s.alive()]),
         }
-        ctx.results["scale"] = result
         ctx.say(
-            f"scale: one leader per key: {result['one_leader_per_key']}, "
-            f"{total} connections ({result['connections_per_sidecar']} per sidecar)"
+            f"scale {design} x{replicas}: {result['sessions_held']['median']:g} sessions, "
+            f"{result['new_connections_per_s']} new connections/s, "
+            f"{result['statements_per_s']} statements/s, SIGKILL gap p99 "
+            f"{result['failover_sigkill_ms']['p99']} ms, refused {result['refused_connections']}"
         )
+        return result
     finally:
-        for sidecar in sidecars:
-            sidecar.signal(signal.SIGTERM)
-        for sidecar in sidecars:
-            sidecar.stop()
-        receiver.stop()
+        fleet.stop()
+
+
+async def run(ctx: Context) -> None:
+    p = ctx.profile
+    max_conn = int(ctx.env.sql("SHOW max_connections")[0][0])
+    designs: dict[str, list[dict[str, Any]]] = {}
+    for design in DESIGNS:
+        designs[design] = [await _measure(ctx, design, n) for n in p.scale_replicas]
+    largest = designs["bounded"][-1]
+    ctx.results["scale"] = {
+        "max_connections": max_conn,
+        "target_replicas": list(p.scale_replicas),
+        "reserve_check_s": p.timings.schedlock_reserve_check_s,
+        "designs": designs,
+        # Headline figures of the bounded design at the largest replica count.
+        "sidecars": largest["replicas"],
+        "one_leader_per_key": all(r["one_leader_per_key"] for r in designs["bounded"]),
+        "connections": int(largest["sessions_held"]["max"]),
+    }
