@@ -419,6 +419,7 @@ def test_operator_env_maps_one_to_one_onto_its_settings() -> None:
         "SCHEDLOCK_LOG_FORMAT": "json",
         "SCHEDLOCK_LOG_LEVEL": "info",
         "SCHEDLOCK_SYNC_SWEEP_SECONDS": "30",
+        "SCHEDLOCK_REASSERT_SECONDS": "30",
         "SCHEDLOCK_MIGRATE": "auto",
         "SCHEDLOCK_SIDECAR_IMAGE": f"ghcr.io/schedlock/schedlock:{__version__}",
         "SCHEDLOCK_SIDECAR_DATABASE_SECRET": "schedlock-database",
@@ -436,6 +437,7 @@ def test_all_features_env() -> None:
     env = env_of(operator_container(render("-f", CHART / "ci" / "all-features-values.yaml")))
     assert env["SCHEDLOCK_WATCH_NAMESPACES"]["value"] == "apps,billing"
     assert env["SCHEDLOCK_SYNC_SWEEP_SECONDS"]["value"] == "15"
+    assert env["SCHEDLOCK_REASSERT_SECONDS"]["value"] == "20"
     assert env["SCHEDLOCK_MIGRATE"]["value"] == "off"
     assert env["SCHEDLOCK_SIDECAR_DATABASE_SECRET"]["value"] == "app-database"
     assert env["SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY"]["value"] == "dsn"
