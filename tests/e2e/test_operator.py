@@ -11,8 +11,6 @@ import json
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,74 +22,26 @@ from tests.support.operators import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
     OperatorProcess,
-    install_crd,
+    OperatorStack,
+    at,
     mutating_webhook_configuration,
-    operator_kubeconfig,
-    webhook_configuration,
-    with_webhook,
+    operator_stack,
 )
-from tests.support.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
-from tests.support.sidecars import SidecarGroup, wait_for
+from tests.support.pg_fixtures import OPERATOR_ROLE, PostgresService, as_role
+from tests.support.sidecars import wait_for
 
 NAMESPACE = "e2e-publish"
 
 
-@dataclass
-class Stack:
-    kube: KubeAPIServer
-    database: str
-    operator: OperatorProcess
-    sidecars: SidecarGroup
-
-    def apply(self, name: str, **spec: Any) -> dict[str, Any]:
-        obj = {
-            "apiVersion": "schedlock.dev/v1",
-            "kind": "ScheduledPublish",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"target": "demo", **spec},
-        }
-        self.kube.apply(obj)
-        return obj
-
-    def get(self, name: str) -> dict[str, Any] | None:
-        out = self.kube.kubectl("get", "sp", name, "-n", NAMESPACE, "-o", "json", check=False)
-        return json.loads(out.stdout) if out.returncode == 0 else None
-
-    def status(self, name: str) -> dict[str, Any]:
-        obj = self.get(name)
-        return (obj or {}).get("status") or {}
-
-    def events(self, name: str) -> list[str]:
-        out = self.kube.kubectl(
-            "get",
-            "events",
-            "-n",
-            NAMESPACE,
-            "-o",
-            "json",
-            "--field-selector",
-            f"involvedObject.name={name}",
-        )
-        return [e["reason"] for e in json.loads(out.stdout)["items"]]
-
+class Stack(OperatorStack):
     def row(self, uid: str) -> dict[str, Any] | None:
-        with psycopg.connect(self.database, autocommit=True) as conn:
-            cur = conn.execute(
-                "SELECT state, due_at, attempts, generation FROM schedlock_publishes WHERE uid = %s",
-                (uid,),
-            )
-            found = cur.fetchone()
-        if found is None:
+        found = self.sql(
+            "SELECT state, due_at, attempts, generation FROM schedlock_publishes WHERE uid = %s",
+            uid,
+        )
+        if not found:
             return None
-        return dict(zip(("state", "due_at", "attempts", "generation"), found, strict=True))
-
-    def deliveries(self, uid: str) -> list[dict[str, Any]]:
-        assert self.sidecars.receiver is not None
-        return [e for e in self.sidecars.receiver.entries() if e["uid"] == uid]
-
-
-def at(seconds: float) -> str:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return dict(zip(("state", "due_at", "attempts", "generation"), found[0], strict=True))
 
 
 def ready(status: dict[str, Any]) -> dict[str, Any]:
@@ -106,36 +56,10 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("operator-e2e")
-    database = postgres.create_database(template=migrated_template)
-    install_crd(kube)
-    kube.kubectl("create", "namespace", NAMESPACE, check=False)
-    cert = with_webhook(workdir)
-    operator = OperatorProcess(
-        workdir / "operator",
-        as_role(database, OPERATOR_ROLE),  # least privilege, no DDL
-        operator_kubeconfig(kube),
-        webhook=cert,
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
-    )
-    operator.start()
-    kube.apply(webhook_configuration(operator.webhook_port, cert.ca_pem))
-    kube.apply(mutating_webhook_configuration(operator.webhook_port, cert.ca_pem, NAMESPACE))
-    sidecars = SidecarGroup(
-        workdir / "sidecars",
-        as_role(database, SIDECAR_ROLE),
-        namespace=NAMESPACE,
-        replicas=2,
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
-    ).start()
-    try:
-        yield Stack(kube, database, operator, sidecars)
-    finally:
-        kube.kubectl(
-            "delete", "validatingwebhookconfiguration", "schedlock-test-validate", check=False
-        )
-        sidecars.stop()
-        operator.stop()
-        postgres.drop_database(database)
+    with operator_stack(
+        Stack, kube, postgres, migrated_template, workdir, NAMESPACE, webhooks=True
+    ) as stack:
+        yield stack
 
 
 def test_apply_fires_and_status_follows(stack: Stack) -> None:

@@ -8,79 +8,32 @@ a restore from a backup or an asynchronous fail-over loses them.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 
 from tests.support.kube import KubeAPIServer
-from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
-from tests.support.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
-from tests.support.sidecars import SidecarGroup, wait_for
+from tests.support.operators import OperatorStack, at, operator_stack
+from tests.support.pg_fixtures import PostgresService
+from tests.support.sidecars import wait_for
 
 NAMESPACE = "e2e-reassert"
 INTERVAL = 2.0
 
 
-@dataclass
-class Stack:
-    kube: KubeAPIServer
-    database: str
-    operator: OperatorProcess
-    sidecars: SidecarGroup
-
-    def apply(self, name: str, **spec: Any) -> str:
-        self.kube.apply(
-            {
-                "apiVersion": "schedlock.dev/v1",
-                "kind": "ScheduledPublish",
-                "metadata": {"name": name, "namespace": NAMESPACE},
-                "spec": {"target": "demo", **spec},
-            }
-        )
-        return str(wait_for(lambda: self.get(name).get("metadata", {}).get("uid"), 10))
-
-    def get(self, name: str) -> dict[str, Any]:
-        out = self.kube.kubectl("get", "sp", name, "-n", NAMESPACE, "-o", "json", check=False)
-        return json.loads(out.stdout) if out.returncode == 0 else {}
-
-    def status(self, name: str) -> dict[str, Any]:
-        return self.get(name).get("status") or {}
-
+class Stack(OperatorStack):
     def handled(self, name: str) -> bool:
-        obj = self.get(name)
-        return (obj.get("status") or {}).get("observedGeneration") == obj["metadata"]["generation"]
-
-    def events(self, name: str) -> list[str]:
-        out = self.kube.kubectl(
-            "get", "events", "-n", NAMESPACE, "-o", "json",
-            "--field-selector", f"involvedObject.name={name}",
-        )  # fmt: skip
-        return [e["reason"] for e in json.loads(out.stdout)["items"]]
-
-    def sql(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.database, autocommit=True) as conn:
-            cur = conn.execute(statement, params)
-            return cur.fetchall() if cur.description else []
+        obj = self.get(name) or {}
+        generation = obj.get("metadata", {}).get("generation")
+        return (obj.get("status") or {}).get("observedGeneration") == generation
 
     def row(self, uid: str) -> tuple[Any, ...] | None:
         found = self.sql(
             "SELECT state, attempts, generation FROM schedlock_publishes WHERE uid = %s", uid
         )
         return found[0] if found else None
-
-    def deliveries(self, uid: str) -> list[dict[str, Any]]:
-        assert self.sidecars.receiver is not None
-        return [e for e in self.sidecars.receiver.entries() if e["uid"] == uid]
-
-
-def at(seconds: float) -> str:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @pytest.fixture(scope="module")
@@ -91,32 +44,16 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("operator-reassert")
-    database = postgres.create_database(template=migrated_template)
-    install_crd(kube)
-    kube.kubectl("create", "namespace", NAMESPACE, check=False)
-    operator = OperatorProcess(
-        workdir / "operator",
-        as_role(database, OPERATOR_ROLE),
-        operator_kubeconfig(kube),
-        extra_env={"SCHEDLOCK_MIGRATE": "off", "SCHEDLOCK_REASSERT_SECONDS": f"{INTERVAL:g}"},
-    ).start()
-    sidecars = SidecarGroup(
-        workdir / "sidecars",
-        as_role(database, SIDECAR_ROLE),
-        namespace=NAMESPACE,
-        replicas=2,
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
-    ).start()
-    try:
-        yield Stack(kube, database, operator, sidecars)
-    finally:
-        sidecars.stop()
-        operator.stop()
-        postgres.drop_database(database)
+    with operator_stack(
+        Stack, kube, postgres, migrated_template, workdir, NAMESPACE,
+        operator_env={"SCHEDLOCK_REASSERT_SECONDS": f"{INTERVAL:g}"},
+    ) as stack:  # fmt: skip
+        yield stack
 
 
 def test_a_deleted_row_of_a_future_object_comes_back_and_fires_once(stack: Stack) -> None:
-    uid = stack.apply("future", publishAt=at(15))
+    stack.apply("future", publishAt=at(15))
+    uid = stack.uid("future")
     wait_for(lambda: stack.row(uid) and stack.handled("future"), 15, what="the row, handled")
     stack.sql("DELETE FROM schedlock_publishes WHERE uid = %s", uid)
     deleted = time.monotonic()
@@ -133,7 +70,8 @@ def test_a_deleted_row_of_a_future_object_comes_back_and_fires_once(stack: Stack
 def test_a_terminal_object_whose_row_was_lost_is_restored_terminal_not_fired(
     stack: Stack,
 ) -> None:
-    uid = stack.apply("done", publishAt=at(2))
+    stack.apply("done", publishAt=at(2))
+    uid = stack.uid("done")
     wait_for(lambda: stack.status("done").get("phase") == "Published", 30, what="Published")
     before = stack.status("done")
     stack.sql("DELETE FROM schedlock_publishes WHERE uid = %s", uid)

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import psycopg
 from schedlock.operator.crd import crd_manifest
 from schedlock.operator.rbac import cluster_role, cluster_role_binding
 
 from tests.support.certs import ServingCert, serving_cert
 from tests.support.kube import KubeAPIServer
 from tests.support.pg import free_port
+from tests.support.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
 from tests.support.procs import die_with_parent, terminate
-from tests.support.sidecars import http_get, wait_for
+from tests.support.sidecars import SidecarGroup, http_get, wait_for
 
 OPERATOR_NAMESPACE = "schedlock-system"
 OPERATOR_SA = "schedlock-operator"
@@ -192,3 +198,112 @@ def _listening(port: int) -> bool:
 
 def with_webhook(workdir: Path) -> ServingCert:
     return serving_cert(workdir / "webhook-tls")
+
+
+def at(seconds: float) -> str:
+    """An RFC 3339 time `seconds` from now, as `spec.publishAt` takes it."""
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class OperatorStack:
+    """The operator and two sidecars on one fresh database, objects in one namespace."""
+
+    kube: KubeAPIServer
+    database: str
+    namespace: str
+    operator: OperatorProcess
+    sidecars: SidecarGroup
+
+    def apply(self, name: str, **spec: Any) -> dict[str, Any]:
+        obj = {
+            "apiVersion": "schedlock.dev/v1",
+            "kind": "ScheduledPublish",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"target": "demo", **spec},
+        }
+        self.kube.apply(obj)
+        return obj
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        out = self.kube.kubectl("get", "sp", name, "-n", self.namespace, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def uid(self, name: str, timeout: float = 10) -> str:
+        return str(
+            wait_for(
+                lambda: (self.get(name) or {}).get("metadata", {}).get("uid"),
+                timeout=timeout,
+                what=f"the object {name}",
+            )
+        )
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.get(name) or {}).get("status") or {}
+
+    def events(self, name: str) -> list[str]:
+        out = self.kube.kubectl(
+            "get", "events", "-n", self.namespace, "-o", "json",
+            "--field-selector", f"involvedObject.name={name}",
+        )  # fmt: skip
+        return [e["reason"] for e in json.loads(out.stdout)["items"]]
+
+    def sql(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.database, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def deliveries(self, uid: str) -> list[dict[str, Any]]:
+        assert self.sidecars.receiver is not None
+        return [e for e in self.sidecars.receiver.entries() if e["uid"] == uid]
+
+
+S = TypeVar("S", bound=OperatorStack)
+
+
+@contextmanager
+def operator_stack(
+    cls: type[S],
+    kube: KubeAPIServer,
+    postgres: PostgresService,
+    template: str,
+    workdir: Path,
+    namespace: str,
+    *,
+    webhooks: bool = False,
+    operator_env: dict[str, str] | None = None,
+) -> Iterator[S]:
+    """A fresh database from the migrated template, the CRD, the operator under its
+    ServiceAccount with the least-privilege role (its webhooks registered when asked),
+    two sidecars and a recording app in `namespace`; all torn down after."""
+    database = postgres.create_database(template=template)
+    install_crd(kube)
+    kube.kubectl("create", "namespace", namespace, check=False)
+    cert = with_webhook(workdir) if webhooks else None
+    operator = OperatorProcess(
+        workdir / "operator",
+        as_role(database, OPERATOR_ROLE),  # least privilege, no DDL
+        operator_kubeconfig(kube),
+        webhook=cert,
+        extra_env={"SCHEDLOCK_MIGRATE": "off", **(operator_env or {})},
+    ).start()
+    if cert is not None:
+        kube.apply(webhook_configuration(operator.webhook_port, cert.ca_pem))
+        kube.apply(mutating_webhook_configuration(operator.webhook_port, cert.ca_pem, namespace))
+    sidecars = SidecarGroup(
+        workdir / "sidecars",
+        as_role(database, SIDECAR_ROLE),
+        namespace=namespace,
+        replicas=2,
+        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+    ).start()
+    try:
+        yield cls(kube, database, namespace, operator, sidecars)
+    finally:
+        if cert is not None:
+            kube.kubectl(
+                "delete", "validatingwebhookconfiguration", "schedlock-test-validate", check=False
+            )
+        sidecars.stop()
+        operator.stop()
+        postgres.drop_database(database)
