@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 
 import kopf
+from kopf._core.engines import peering
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
@@ -152,7 +153,7 @@ async def run_kopf(
             settings=kopf_settings,
             # Named, not detected: kopf's detection calls getpass.getuser(), which raises in an
             # image whose uid (65532) has no passwd entry — the operator's own pod.
-            identity=settings.holder_name,
+            identity=peering.Identity(settings.holder_name),
             standalone=True,
             clusterwide=not settings.watch_namespaces,
             namespaces=settings.watch_namespaces,

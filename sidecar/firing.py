@@ -286,7 +286,10 @@ class _Term:
         metrics.lateness.labels(*self.labels).observe(max(0.0, (now - row.due_at).total_seconds()))
         delivery = await self.firer.deliverer.deliver(row, self.term)
         result = delivery.attempt
-        if delivery.connection_lost and not await self.firer.app.confirm():
+        app = self.firer.app
+        if app.worth_confirming(
+            connection_lost=delivery.connection_lost, status=result.status
+        ) and not await app.confirm(f"delivery failed: {result.error}"):
             self._return_unsent(row, f"{result.error}; app unreachable, attempt not counted")
             return
         decision = decide(

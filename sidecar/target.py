@@ -15,7 +15,11 @@ The check (``SCHEDLOCK_TARGET_READY_URL``):
   a connection error is not.  For apps with a readiness endpoint that goes 503 while draining.
 
 Reachable means the app answers; only *no answer* counts against it.  An HTTP answer to a
-delivery (5xx, 408, 429, other 4xx) is a live app and keeps the row's retry/fail semantics.
+delivery (5xx, 408, 429, other 4xx) is a live app and keeps the row's retry/fail semantics —
+with one exception for apps that say when they cannot take work: with an ``http(s)`` check, a
+delivery answered 503 is confirmed by the check like a lost connection, so an app draining on
+SIGTERM (503 to new work, readiness 503) hands leadership over at once instead of delaying its
+rows by their retries for the whole drain.
 
 Invariants:
 
@@ -23,7 +27,8 @@ Invariants:
   consecutive failed checks (reachable -> unreachable) or ``success_threshold`` consecutive
   passing checks (unreachable -> reachable).  It starts unreachable, so a sidecar started before
   its app holds no lock until the app answered ``success_threshold`` checks in a row.
-* A delivery that lost its connection (refused, reset, closed without an answer) is confirmed
+* A delivery that lost its connection (refused, reset, closed without an answer), or — with an
+  ``http(s)`` check — was answered 503 (:func:`worth_confirming`), is confirmed
   by one immediate check (:meth:`TargetWatch.confirm`, shared by concurrent failures): when
   that check fails too, the app is unreachable at once — no threshold — and the row's attempt
   is not counted.  When the check passes, the app is there and the failure is an ordinary
@@ -75,6 +80,16 @@ def derive_check(target_url: str, ready_url: str) -> Check:
     port = parts.port or DEFAULT_PORTS.get(parts.scheme, 80)
     shown = f"[{host}]" if ":" in host else host
     return Check("tcp", f"tcp://{shown}:{port}")
+
+
+def worth_confirming(check: Check, *, connection_lost: bool, status: int | None) -> bool:
+    """Whether a failed delivery may mean the app cannot take fires at all (confirm it).
+
+    A lost connection always may.  A 503 may only when the app has a readiness endpoint to
+    ask: a draining app answers both with 503, an overloaded one only the delivery — and with
+    a TCP check there is nothing that tells the two apart, so 503 stays an ordinary retry.
+    """
+    return connection_lost or (check.kind == "http" and status == 503)
 
 
 def answer_is_ready(status: int) -> bool:
@@ -185,23 +200,26 @@ class TargetWatch:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.interval)
 
-    async def confirm(self) -> bool:
-        """After a delivery lost its connection: is the app still there?  Check at once.
+    def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool:
+        return worth_confirming(self.check, connection_lost=connection_lost, status=status)
 
-        A failed check makes the app unreachable now (the lost delivery was the first strike);
-        concurrent callers share one check.
+    async def confirm(self, failure: str = "delivery lost its connection") -> bool:
+        """After a delivery FAILURE that may mean the app is gone: is it there?  Check at once.
+
+        A failed check makes the app unreachable now (the failed delivery was the first
+        strike); concurrent callers share one check.
         """
         if not self.up:
             return False
         if self._confirming is None:
-            self._confirming = asyncio.ensure_future(self._confirm_once())
+            self._confirming = asyncio.ensure_future(self._confirm_once(failure))
         return await asyncio.shield(self._confirming)
 
-    async def _confirm_once(self) -> bool:
+    async def _confirm_once(self, failure: str) -> bool:
         try:
             error = await self._probe()
             if error is not None:
-                self._apply(self.health.lost_connection(), f"delivery lost its connection; {error}")
+                self._apply(self.health.lost_connection(), f"{failure}; {error}")
             return error is None
         finally:
             self._confirming = None

@@ -27,6 +27,7 @@ from schedlock.sidecar.target import (
     answer_is_ready,
     derive_check,
     probe,
+    worth_confirming,
 )
 from schedlock.store import FireRow, Heartbeat, LockKey, TermStart
 
@@ -320,6 +321,40 @@ async def test_confirm_makes_the_app_unreachable_at_once_and_is_shared() -> None
     assert results == [False] * 5
     assert watch.unreachable.is_set() and not watch.up
     assert "delivery lost its connection" in watch.reason
+
+
+@pytest.mark.parametrize(
+    ("kind", "lost", "status", "confirm"),
+    [
+        ("tcp", True, None, True),
+        ("http", True, None, True),
+        ("http", False, 503, True),  # draining: its readiness endpoint will say so
+        ("tcp", False, 503, False),  # nothing can tell draining from overloaded: a retry
+        ("http", False, 500, False),
+        ("http", False, 429, False),
+        ("http", False, None, False),  # a timeout: the app is there, slow
+    ],
+)
+def test_which_failed_deliveries_are_worth_confirming(
+    kind: str, lost: bool, status: int | None, confirm: bool
+) -> None:
+    check = derive_check(
+        "http://127.0.0.1:8080/schedlock",
+        "http://127.0.0.1:8080/healthz" if kind == "http" else "",
+    )
+    assert check.kind == kind
+    assert worth_confirming(check, connection_lost=lost, status=status) is confirm
+
+
+async def test_a_503_confirmed_by_a_failing_readiness_endpoint_is_unreachable_at_once() -> None:
+    metrics = SidecarMetrics()
+    watch = watch_for(free_port(), metrics)
+    watch.health = Health(reachable=True)
+    watch.reachable.set()
+    watch.unreachable.clear()
+    assert not await watch.confirm("delivery failed: HTTP 503 from app")
+    assert watch.unreachable.is_set() and not watch.up
+    assert watch.reason.startswith("delivery failed: HTTP 503 from app; ")
 
 
 # -- the elector's states, against a fake lock session ---------------------------------------
