@@ -49,8 +49,8 @@ chaos: venv tools ## chaos run (CHAOS_DURATION s, default 600; CHAOS_SEED=N repl
 	@$(PY) -m chaos --duration $(CHAOS_DURATION) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED),)
 
 .PHONY: tools
-tools: ## build/install the pinned kube-apiserver, etcd, kubectl, helm, prometheus, pgbouncer (cached)
-	@echo "==> ensuring pinned test tools (first time builds kube-apiserver/etcd/kubectl/helm from Go modules)"
+tools: ## build/install the pinned Kubernetes binaries, etcd, helm, CoreDNS, containerd, buildah… (cached)
+	@echo "==> ensuring pinned test tools (first time builds Kubernetes, etcd, helm, CoreDNS from Go modules)"
 	@bash hack/tools.sh ensure
 
 .PHONY: lint
@@ -95,11 +95,15 @@ test-unit: venv ## fast pure-logic tests, nothing running
 
 .PHONY: test
 test: venv tools lint ## install everything, run the whole suite (unit, integration, e2e), clean up
-	@echo "==> pytest: unit, integration and e2e against real PostgreSQL, PgBouncer, kube-apiserver, helm, Prometheus"
+	@echo "==> pytest: unit, integration, e2e and cluster against real PostgreSQL, PgBouncer, kube-apiserver, a node, helm, Prometheus"
 	@CHECKOV="$$(bash hack/tools.sh bindir checkov)/checkov" $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
+.PHONY: images
+images: tools ## build the images (schedlock from the Dockerfile, the demo app) into the cache
+	@bash hack/images.sh ensure
+
 .PHONY: dev-up
-dev-up: venv tools ## start the local stack (Postgres, kube-apiserver, etcd) in the background
+dev-up: venv tools ## a one-node cluster with the chart installed and a demo app, in the background
 	@$(PY) -m tests.support.devstack up
 
 .PHONY: dev-down
