@@ -1,7 +1,10 @@
 """`make dev-up` / `make dev-down`: the background dev stack starts, is usable, and leaves nothing.
 
-Each test drives `python -m tests.support.devstack` as a subprocess, as make does, with its state
-in a private SCHEDLOCK_DEV_DIR so a developer's own stack in .dev/ is never touched.
+The stack is a real one-node cluster with the chart installed by helm and a demo app whose pods
+get the sidecar from the webhook. Each test drives `python -m tests.support.devstack` as a
+subprocess, as make does, with its state in a private SCHEDLOCK_DEV_DIR so a developer's own
+stack in .dev/ is never touched, and with no other cluster on the host (`cluster_free_host`):
+`down` must leave no process and the host as it was.
 """
 
 from __future__ import annotations
@@ -18,11 +21,23 @@ from typing import Any
 
 import pytest
 
+from tests.support.cluster import HostState, host_state_differences
 from tests.support.pg import pg_bindir
 from tests.support.tools import tool
 
 REPO = Path(__file__).resolve().parents[2]
-UP_BUDGET_SECONDS = 30  # the issue asks for ~20 s; it takes about 4 s on a warm machine
+# A node, `helm install --wait`, two app pods: about a minute warm. The budget is only a guard
+# against a hang; `up` has its own deadline.
+UP_BUDGET_SECONDS = 300
+NODE_PROCESSES = {
+    "etcd",
+    "kube-apiserver",
+    "containerd",
+    "kubelet",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kube-proxy",
+}
 
 
 def devstack(dev_dir: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -89,12 +104,15 @@ def in_env(dev_dir: Path, script: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def dev_dir(tmp_path: Path) -> Iterator[Path]:
-    """A private state directory; the stack is brought down whatever the test did."""
+def dev_dir(tmp_path: Path, cluster_free_host: None) -> Iterator[Path]:
+    """A private state directory; the stack is brought down whatever the test did, and the
+    host is then exactly as before `up`."""
     path = tmp_path / "dev"
+    before = HostState.capture()
     yield path
     result = devstack(path, "down")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert host_state_differences(before, HostState.capture()) == []
 
 
 def up(dev_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -106,18 +124,16 @@ def up(dev_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]
     state = json.loads((dev_dir / "state.json").read_text())
     assert state["status"] == "ready"
     pids = stack_pids(state)
-    assert set(pids) == {
-        "supervisor",
-        "postgres",
-        "etcd",
-        "kube-apiserver",
-        "operator",
-        "demo-app",
-        "demo-0",
-        "demo-1",
-    }
+    assert set(pids) == {"supervisor", "postgres", *NODE_PROCESSES}
     assert all(running(pid) for pid in pids.values()), pids
     return result, state
+
+
+def _usage(stdout: str) -> list[str]:
+    """What `up` prints after saying the stack is up (or already up)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("==> the dev stack is"))
+    return lines[start + 1 :]
 
 
 def test_up_is_usable_idempotent_and_down_leaves_no_process(dev_dir: Path) -> None:
@@ -143,6 +159,23 @@ def test_up_is_usable_idempotent_and_down_leaves_no_process(dev_dir: Path) -> No
     )
     assert readyz.stdout.strip() == "ok", readyz.stdout + readyz.stderr
 
+    # Everything runs in pods, as users install it: the operator from the chart, CoreDNS, and
+    # the demo app's two pods with the injected sidecar (2/2).
+    pods = json.loads(in_env(dev_dir, "kubectl get pods -A -o json").stdout)["items"]
+    by_app: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        labels = pod["metadata"].get("labels", {})
+        name = labels.get("app.kubernetes.io/name") or labels.get("k8s-app", "?")
+        by_app.setdefault(str(name), []).append(pod)
+        assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
+    assert len(by_app["schedlock"]) == 1 and len(by_app["demo"]) == 2, sorted(by_app)
+    assert len(by_app["kube-dns"]) == 1, sorted(by_app)
+    for pod in by_app["demo"]:
+        statuses = pod["status"]["containerStatuses"] + [
+            s for s in pod["status"].get("initContainerStatuses", []) if s["name"] == "schedlock"
+        ]
+        assert [s["ready"] for s in statuses] == [True, True], pod["status"]
+
     # The product runs on it: the example fires for real and its status says so.
     example = REPO / "examples" / "scheduledpublish.yaml"
     applied = in_env(dev_dir, f"kubectl apply -f {example}")
@@ -154,9 +187,12 @@ def test_up_is_usable_idempotent_and_down_leaves_no_process(dev_dir: Path) -> No
             ).stdout.strip()
             == "Published"
         ),
-        timeout=30,
+        timeout=60,
         what="the example ScheduledPublish to be Published",
     )
+    # It reached the demo app: the app logs one JSON line per delivery.
+    logs = in_env(dev_dir, "kubectl logs -l app.kubernetes.io/name=demo -c app --tail=-1")
+    assert '"name":"launch-announcement"' in logs.stdout, logs.stdout + logs.stderr
     listed = in_env(dev_dir, "kubectl get sp")
     assert "launch-announcement" in listed.stdout and "Published" in listed.stdout
 
@@ -169,22 +205,31 @@ def test_up_is_usable_idempotent_and_down_leaves_no_process(dev_dir: Path) -> No
     assert through_env.stdout.splitlines()[1].startswith("schedlock ")
     found = in_env(
         dev_dir,
-        'command -v psql kubectl schedlock && echo "$KUBECONFIG" '
-        '&& [ "$DATABASE_URL" = "$SCHEDLOCK_DATABASE_URL" ] && echo "$DATABASE_URL"',
+        'command -v psql kubectl helm promtool schedlock && echo "$KUBECONFIG" '
+        '&& [ "$DATABASE_URL" = "$SCHEDLOCK_DATABASE_URL" ] && echo "$DATABASE_URL" '
+        '&& echo "$CLUSTER_DATABASE_URL"',
     )
     assert found.stdout.splitlines() == [
         str(pg_bindir() / "psql"),
         str(tool("kubectl")),
+        str(tool("helm")),
+        str(tool("promtool")),
         str(REPO / ".venv" / "bin" / "schedlock"),
         str((dev_dir / "kubeconfig").resolve()),
         state["components"]["postgres"]["url"],
+        state["components"]["postgres"]["cluster_url"],
     ], found.stdout + found.stderr
+    # Pods reach the database by a Service name: the operator's Secret names it.
+    assert ".svc.cluster.local:" in state["components"]["postgres"]["cluster_url"]
+    # The operator in its pod reaches the database through that name (it migrated the schema).
+    leaders = in_env(dev_dir, "schedlock status")
+    assert leaders.returncode == 0 and "demo" in leaders.stdout, leaders.stdout + leaders.stderr
 
     status = devstack(dev_dir, "status")
     assert status.returncode == 0, status.stdout + status.stderr
     assert "is up" in status.stdout
     assert state["components"]["postgres"]["url"] in status.stdout
-    assert state["components"]["kube-apiserver"]["url"] in status.stdout
+    assert state["components"]["cluster"]["url"] in status.stdout
 
     # A second `up` changes nothing and prints the same usage.
     began = time.monotonic()
@@ -192,7 +237,7 @@ def test_up_is_usable_idempotent_and_down_leaves_no_process(dev_dir: Path) -> No
     assert again.returncode == 0, again.stdout + again.stderr
     assert time.monotonic() - began < 10
     assert "already up" in again.stdout
-    assert again.stdout.splitlines()[1:] == first.stdout.splitlines()[2:]
+    assert _usage(again.stdout) == _usage(first.stdout)
     assert json.loads((dev_dir / "state.json").read_text()) == state
 
     pids = stack_pids(state)
@@ -234,7 +279,8 @@ def test_supervisor_stops_the_stack_when_a_server_dies(dev_dir: Path) -> None:
 
 
 def test_down_cleans_up_after_a_killed_supervisor(dev_dir: Path) -> None:
-    """etcd and kube-apiserver die with the supervisor; PostgreSQL would not, so down kills it."""
+    """The node's processes die with the supervisor, PostgreSQL and the pods' shims would not:
+    down kills them and restores the host (the fixture checks it)."""
     _, state = up(dev_dir)
     pids = stack_pids(state)
     # PostgreSQL's own children setsid(): killing the postmaster's group does not reach them.

@@ -96,6 +96,9 @@ DNS_SERVICE_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 HOST_REGISTRY = Path("/run/schedlock-cluster.json")
+# containerd's sockets when the workdir's path is too long for one (sun_path: 108 bytes, and
+# containerd 1.6 refuses more than 104 for its ".ttrpc" socket); one cluster per host anyway.
+SHORT_SOCKET_DIR = Path("/run/schedlock-node")
 INSTALL_HINT = "bash hack/tools.sh ensure node"
 
 # Host paths a node component may create outside the workdir (containerd 1.6 hard-codes
@@ -117,6 +120,7 @@ HOST_PATHS = (
     "/etc/cni",
     "/opt/cni",
     "/opt/containerd",
+    str(SHORT_SOCKET_DIR),
     str(HOST_REGISTRY),
 )
 # Mounts below these (and below the workdir) are the node's: kubelet volumes, containerd
@@ -164,7 +168,7 @@ _HOST_TOOLS = (
 )
 _CNI_PLUGINS = ("bridge", "host-local", "portmap", "loopback")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; containerd appends ".ttrpc"
+_SOCKET_PATH_MAX = 98  # containerd refuses more than 104 bytes for "<socket>.ttrpc"
 _POLL_SECONDS = 0.2
 _COMMAND_TIMEOUT = 60.0
 _LOG_LINES = 30
@@ -249,12 +253,17 @@ def _under(path: str, roots: Iterable[str]) -> bool:
 
 
 def _process_start_time(pid: int) -> str | None:
+    """PID's start time; None when there is no such process or it is a zombie (it has exited:
+    a killed run's process waits for init to reap it, which may never happen here)."""
     stat = _read(Path(f"/proc/{pid}/stat"))
-    return None if stat is None else stat.rpartition(")")[2].split()[19]
+    if stat is None:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def _alive(pid: int, start_time: str | None) -> bool:
-    """Whether PID is still the process that had START_TIME (pids are reused)."""
+    """Whether PID is still the live process that had START_TIME (pids are reused)."""
     current = _process_start_time(pid)
     return current is not None and current == start_time
 
@@ -720,6 +729,8 @@ class Cluster:
         self.state_file = self.workdir / "host-state.json"
         self.containerd_dir = self.workdir / "containerd"
         self.containerd_socket = self.containerd_dir / "containerd.sock"
+        if len(str(self.containerd_socket)) > _SOCKET_PATH_MAX:
+            self.containerd_socket = SHORT_SOCKET_DIR / "containerd.sock"
         self.kubelet_dir = self.workdir / "kubelet"
         self.timings = _Timings()
         self.pause_image: Image | None = None
@@ -820,8 +831,6 @@ class Cluster:
             raise ClusterError("the cluster is already started")
         began = time.monotonic()
         self._binaries = check_prerequisites()
-        if len(str(self.containerd_socket)) > _SOCKET_PATH_MAX:
-            raise ClusterError(f"workdir too long for a unix socket path: {self.workdir}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._claim_host()
         try:
@@ -1042,6 +1051,7 @@ class Cluster:
         d = self.containerd_dir
         for sub in ("root", "state", "opt"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        self.containerd_socket.parent.mkdir(parents=True, exist_ok=True)
         cni_conf = self.workdir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
         conflist = {

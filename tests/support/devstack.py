@@ -1,7 +1,7 @@
 """The local development stack behind ``make dev-up`` / ``make dev-down``.
 
-    python -m tests.support.devstack up       start PostgreSQL + etcd + kube-apiserver, the CRD,
-                                              the operator, a demo app and two sidecars
+    python -m tests.support.devstack up       start a one-node cluster, PostgreSQL, the chart
+                                              (helm install) and a demo app with two replicas
     python -m tests.support.devstack status   say whether it is up, with its URLs (exit 3: not up)
     python -m tests.support.devstack down     stop it and leave no process behind (idempotent)
 
@@ -23,7 +23,8 @@ supervisor.
 
     supervisor.pid       the supervisor's pid (written by the supervisor, removed when it exits)
     state.json           status (starting/ready/failed), pids with start times, ports, URLs
-    env                  ``source`` it: DATABASE_URL, SCHEDLOCK_DATABASE_URL, KUBECONFIG, PATH
+    env                  ``source`` it: DATABASE_URL, SCHEDLOCK_DATABASE_URL (as the host reaches
+                         the database), CLUSTER_DATABASE_URL (as pods do), KUBECONFIG, PATH
     kubeconfig           admin (system:masters) kubeconfig of the API server
     supervisor.log       the supervisor's log; servers log to postgres/ and kube/
     .lock                serialises concurrent up/down
@@ -39,11 +40,22 @@ run (``status`` and ``down`` report the error) until the next ``up`` or ``down``
 
 **Fresh every time.**  Each ``up`` gets an empty database cluster (copied from pg.py's cached
 initdb template, so it costs no initdb) and free ports, recorded in ``state.json``.  Keeping
-PostgreSQL data across down/up would be half a story: ``KubeAPIServer.start`` wipes etcd and
-makes a new PKI on every start anyway.  As root, PostgreSQL's data directory is under
+PostgreSQL data across down/up would be half a story: the cluster's etcd is wiped and its PKI
+made anew on every start anyway (containerd's image store is kept: no re-import).  As root, PostgreSQL's data directory is under
 ``/var/tmp/schedlock-pg`` (see pg.py) and is deleted on stop; its log stays in ``postgres/``.
 
-**Adding a component** (the operator, the sidecars): subclass ``Component`` and append it to
+**What runs** (``COMPONENTS``, in order): a real one-node Kubernetes cluster
+(``tests.support.cluster``: kubelet, containerd, kube-proxy, CoreDNS…); PostgreSQL on the host,
+reached by pods through the Service ``postgres.schedlock-system``; then the product installed
+the way users install it (``tests.support.incluster``): the image built from the Dockerfile,
+``helm install schedlock charts/schedlock -n schedlock-system``, the ``schedlock-database``
+Secret in ``default`` and a demo app Deployment (target ``demo``, 2 replicas) whose pods get
+the sidecar from the injection webhook.  The images are built by ``up`` in the foreground
+(cached; minutes the first time) before the supervisor starts, so their progress shows.
+``down`` restores the host the node changed (sysctls, iptables, the bridge, mounts, cgroups),
+also after a supervisor that died: ``Cluster.cleanup_stale``.
+
+**Adding a component**: subclass ``Component`` and append it to
 ``COMPONENTS``.  Components start in that order and stop in reverse; a component reads what
 earlier ones published in ``Stack.exports`` (``DATABASE_URL``, ``KUBECONFIG``…) and publishes
 its own variables there, which also end up in ``env``.
@@ -75,15 +87,23 @@ from types import FrameType
 from typing import Any, ClassVar
 
 from tests.support import pg
-from tests.support.kube import KubeAPIServer, KubeToolsMissingError, resolve_tool_dir
-from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
-from tests.support.sidecars import ReceiverProcess, SidecarGroup
+from tests.support.cluster import Cluster, ClusterError, check_prerequisites
+from tests.support.helm import Helm
+from tests.support.incluster import (
+    IMAGES_SH,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    HostDatabase,
+    Product,
+    ProjectImages,
+)
+from tests.support.kube import KubeToolsMissingError, resolve_tool_dir
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_DIR_ENV = "SCHEDLOCK_DEV_DIR"
 MODULE = "tests.support.devstack"
 
-UP_TIMEOUT = 120.0  # a first start may initdb the template cluster
+UP_TIMEOUT = 300.0  # node, helm install --wait, two app pods; a first start may also initdb
 DOWN_TIMEOUT = 30.0
 WATCH_INTERVAL = 0.25
 EXIT_NOT_RUNNING = 3  # `status` when the stack is not up (the LSB convention)
@@ -135,8 +155,8 @@ class Paths:
         return self.root / "postgres"
 
     @property
-    def kube(self) -> Path:
-        return self.root / "kube"
+    def cluster(self) -> Path:
+        return self.root / "cluster"
 
     def display(self, path: Path | None = None) -> str:
         """PATH relative to the current directory when it is below it, else absolute."""
@@ -366,7 +386,8 @@ class Stack:
 
     paths: Paths
     exports: dict[str, str] = field(default_factory=dict)
-    kube: KubeAPIServer | None = None  # set by the Kube component for the ones after it
+    cluster: Cluster | None = None  # set by the Node component for the ones after it
+    database: HostDatabase | None = None  # set by the Database component
 
 
 class Component(abc.ABC):
@@ -409,14 +430,66 @@ class Component(abc.ABC):
         """JSON facts for state.json and `status`: at least ``url``, and log files."""
 
 
-class Postgres(Component):
-    """A PostgreSQL server with a fresh cluster; DATABASE_URL is its ``postgres`` database."""
+class Node(Component):
+    """A real one-node cluster (``tests.support.cluster``); KUBECONFIG is its admin's."""
+
+    name = "cluster"
+
+    def __init__(self, paths: Paths) -> None:
+        super().__init__(paths)
+        self.cluster = Cluster(paths.cluster)
+
+    @staticmethod
+    def markers(paths: Paths) -> list[Marker]:
+        # The node's processes die with the supervisor (PR_SET_PDEATHSIG); pods and shims of a
+        # dead run are killed by Cluster.cleanup_stale, which knows their pids.
+        control_plane = paths.cluster / "control-plane"
+        return [
+            (f"--data-dir={control_plane / 'etcd-data'}",),
+            (f"--cert-dir={control_plane / 'pki'}",),
+            (f"--root-dir={paths.cluster / 'kubelet'}",),
+        ]
+
+    @staticmethod
+    def scratch(paths: Paths) -> list[Path]:
+        return [paths.cluster / "control-plane" / "etcd-data", paths.cluster / "kubectl-cache"]
+
+    def start(self, stack: Stack) -> None:
+        Cluster.cleanup_stale(self.paths.cluster)
+        self.cluster.start()
+        stack.cluster = self.cluster
+        _write_atomic(self.paths.kubeconfig, self.cluster.admin_kubeconfig.read_text(), 0o600)
+        stack.exports["KUBECONFIG"] = str(self.paths.kubeconfig)
+        # Ports are reused across runs: a discovery cache under ~/.kube, keyed by host:port,
+        # would describe some earlier server's API.
+        stack.exports["KUBECACHEDIR"] = str(self.paths.cluster / "kubectl-cache")
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+    def processes(self) -> dict[str, int]:
+        return self.cluster.pids
+
+    def describe(self) -> dict[str, Any]:
+        timings = self.cluster.timings.start
+        return {
+            "url": self.cluster.url,
+            "kubeconfig": str(self.paths.kubeconfig),
+            "node": self.cluster.node_name,
+            "started_in_s": timings.get("first_pod_ready"),
+            "logs": [str(p) for p in sorted(self.cluster.logs_dir.glob("*.log"))],
+        }
+
+
+class Database(Component):
+    """PostgreSQL on the host: DATABASE_URL as the host reaches it, CLUSTER_DATABASE_URL as
+    pods do (the Service ``postgres.schedlock-system``, with a password)."""
 
     name = "postgres"
 
     def __init__(self, paths: Paths) -> None:
         super().__init__(paths)
-        self.server = pg.PostgresServer(paths.postgres, bindir=_pg_bindir())
+        self.database: HostDatabase | None = None
 
     @staticmethod
     def markers(paths: Paths) -> list[Marker]:
@@ -427,149 +500,74 @@ class Postgres(Component):
         return [pg.server_dir(paths.postgres)]  # the cluster; its log stays in postgres/
 
     def start(self, stack: Stack) -> None:
-        shutil.rmtree(pg.server_dir(self.server.workdir), ignore_errors=True)
-        self.server.logfile.unlink(missing_ok=True)
-        self.server.start()
-        stack.exports["DATABASE_URL"] = self.server.url()
-        stack.exports["SCHEDLOCK_DATABASE_URL"] = self.server.url()
+        assert stack.cluster is not None, "the node starts first (pods reach PostgreSQL)"
+        self.database = HostDatabase(self.paths.postgres, stack.cluster).start()
+        stack.database = self.database
+        stack.exports["DATABASE_URL"] = self.database.host_url
+        stack.exports["SCHEDLOCK_DATABASE_URL"] = self.database.host_url
+        stack.exports["CLUSTER_DATABASE_URL"] = self.database.cluster_url
 
     def stop(self) -> None:
-        self.server.stop("fast")
-        shutil.rmtree(pg.server_dir(self.server.workdir), ignore_errors=True)
+        if self.database is not None:
+            self.database.stop()
 
     def processes(self) -> dict[str, int]:
-        process = self.server.process
+        process = None if self.database is None else self.database.server.process
         return {} if process is None else {"postgres": process.pid}
 
     def describe(self) -> dict[str, Any]:
+        assert self.database is not None
         return {
-            "url": self.server.url(),
-            "port": self.server.port,
-            "data": str(self.server.datadir),
-            "logs": [str(self.server.logfile)],
-        }
-
-
-class Kube(Component):
-    """etcd + kube-apiserver with RBAC (no controllers, no CRDs); KUBECONFIG is admin's."""
-
-    name = "kube-apiserver"
-
-    def __init__(self, paths: Paths) -> None:
-        super().__init__(paths)
-        self.server = KubeAPIServer(paths.kube)
-
-    @staticmethod
-    def markers(paths: Paths) -> list[Marker]:
-        return [
-            (f"--data-dir={paths.kube / 'etcd-data'}",),
-            (f"--cert-dir={paths.kube / 'pki'}",),
-        ]
-
-    @staticmethod
-    def scratch(paths: Paths) -> list[Path]:
-        return [paths.kube / "etcd-data", paths.kube / "kubectl-cache"]
-
-    def start(self, stack: Stack) -> None:
-        self.server.start()
-        stack.kube = self.server
-        _write_atomic(self.paths.kubeconfig, self.server.admin_kubeconfig.read_text(), 0o600)
-        stack.exports["KUBECONFIG"] = str(self.paths.kubeconfig)
-        # Ports are reused across runs: a discovery cache under ~/.kube, keyed by host:port,
-        # would describe some earlier server's API.
-        stack.exports["KUBECACHEDIR"] = str(self.paths.kube / "kubectl-cache")
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    def processes(self) -> dict[str, int]:
-        return self.server.pids
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "url": self.server.url,
-            "kubeconfig": str(self.paths.kubeconfig),
-            "logs": [str(self.server.etcd_log), str(self.server.apiserver_log)],
+            "url": self.database.host_url,
+            "cluster_url": self.database.cluster_url,
+            "data": str(self.database.server.datadir),
+            "logs": [str(self.database.server.logfile)],
         }
 
 
 class Schedlock(Component):
-    """The product on top: the CRD, the operator under its least-privilege ServiceAccount, a
-    demo app and two sidecars (target ``demo``, namespace ``default``).  After ``up``,
-    ``kubectl apply -f examples/scheduledpublish.yaml`` fires for real."""
+    """The product as users install it: the chart with the locally built image, and a demo
+    app (target ``demo``, namespace ``default``, 2 replicas) injected by the webhook.  After
+    ``up``, ``kubectl apply -f examples/scheduledpublish.yaml`` fires for real."""
 
     name = "schedlock"
 
     def __init__(self, paths: Paths) -> None:
         super().__init__(paths)
-        self.operator: OperatorProcess | None = None
-        self.sidecars: SidecarGroup | None = None
-
-    @staticmethod
-    def home(paths: Paths) -> Path:
-        return paths.root / "schedlock"
+        self.product: Product | None = None
 
     @staticmethod
     def markers(paths: Paths) -> list[Marker]:
-        # The operator and sidecars die with the supervisor (PR_SET_PDEATHSIG); the app is
-        # recognisable by its log path.
-        return [("--log", str(Schedlock.home(paths) / "demo-app" / "deliveries.jsonl"))]
+        del paths
+        return []  # nothing on the host: the operator and the app run in pods
 
     def start(self, stack: Stack) -> None:
-        assert stack.kube is not None, "the Kube component starts first"
-        database = stack.exports["DATABASE_URL"]
-        home = self.home(self.paths)
-        install_crd(stack.kube)
-        self.operator = OperatorProcess(
-            home / "operator", database, operator_kubeconfig(stack.kube)
-        )
-        self.operator.start()
-        self.sidecars = SidecarGroup(
-            home,
-            database,
-            target="demo",
-            namespace="default",
-            replicas=2,
-            receiver=ReceiverProcess(home / "demo-app"),
-            extra_env={"SCHEDLOCK_LOG_FORMAT": "text"},
-        )
-        assert self.sidecars.receiver is not None
-        self.sidecars.receiver.start()
-        self.sidecars.start()
+        assert stack.cluster is not None and stack.database is not None
+        images = ProjectImages.build()  # cached: `up` built them before the supervisor
+        images.import_into(stack.cluster)
+        helm = Helm(stack.cluster.admin_kubeconfig, self.paths.root / "helm")
+        self.product = Product(stack.cluster, images, stack.database, helm)
+        self.product.install()
+        self.product.deploy_app("demo", "default", replicas=2)
 
     def stop(self) -> None:
-        if self.sidecars is not None:
-            self.sidecars.stop()
-        if self.operator is not None:
-            self.operator.stop()
+        pass  # the pods go with the node
 
     def processes(self) -> dict[str, int]:
-        found: dict[str, int] = {}
-        if self.operator is not None and self.operator.process is not None:
-            found["operator"] = self.operator.process.pid
-        if self.sidecars is not None:
-            if self.sidecars.receiver is not None and self.sidecars.receiver.process is not None:
-                found["demo-app"] = self.sidecars.receiver.process.pid
-            for sidecar in self.sidecars:
-                if sidecar.process is not None:
-                    found[sidecar.name] = sidecar.process.pid
-        return found
+        return {}
 
     def describe(self) -> dict[str, Any]:
-        home = self.home(self.paths)
+        assert self.product is not None
         return {
-            "url": self.sidecars.receiver.url if self.sidecars and self.sidecars.receiver else "",
+            "url": f"helm release {RELEASE} in {RELEASE_NAMESPACE}, "
+            f"image {self.product.images.schedlock.ref}",
             "target": "demo",
             "namespace": "default",
-            "deliveries": str(home / "demo-app" / "deliveries.jsonl"),
-            "logs": [
-                str(home / "operator" / "operator.log"),
-                *(str(s.log_path) for s in self.sidecars or []),
-            ],
+            "app": "deployment/demo (2 replicas, sidecar injected)",
         }
 
 
-COMPONENTS: list[type[Component]] = [Postgres, Kube, Schedlock]
+COMPONENTS: list[type[Component]] = [Node, Database, Schedlock]
 
 
 # --------------------------------------------------------------------------- the env file
@@ -755,7 +753,7 @@ def usage(paths: Paths, state: dict[str, Any]) -> str:
         "",
         "Use it:",
         f"  source {env_file}    # DATABASE_URL, KUBECONFIG, PATH (psql, kubectl, helm, schedlock)",
-        "  kubectl get --raw /readyz",
+        "  kubectl get pods -A                                # the operator, CoreDNS, demo 2/2",
         "  psql \"$DATABASE_URL\" -c 'select 1'",
         "  kubectl apply -f examples/scheduledpublish.yaml   # fires at once on the demo app",
         "  kubectl get sp                                     # ... and shows it Published",
@@ -768,11 +766,12 @@ def usage(paths: Paths, state: dict[str, Any]) -> str:
 def _preflight() -> str | None:
     """Why the stack cannot start, before a supervisor is spawned (None: it can)."""
     try:
-        for tool in ("etcd", "kube-apiserver", "kubectl"):
+        check_prerequisites()
+        for tool in ("helm", "promtool"):
             binary = resolve_tool_dir(tool) / tool
             if not os.access(binary, os.X_OK):
                 return f"{tool} is missing at {binary}: run `make tools`"
-    except KubeToolsMissingError as error:
+    except (KubeToolsMissingError, ClusterError) as error:
         return str(error)
     postgres = _pg_bindir() / "postgres"
     if not os.access(postgres, os.X_OK):
@@ -810,8 +809,10 @@ def up(paths: Paths, timeout: float = UP_TIMEOUT) -> int:
         leftovers = _sweep(paths)
         if leftovers:
             _say(f"==> killed leftovers of an earlier stack: {_describe_procs(leftovers)}")
+        if Cluster.cleanup_stale(paths.cluster):
+            _say("==> restored the host after an earlier stack's node that died")
         _remove_files(paths)
-        problem = _preflight()
+        problem = _preflight() or _build_images()
         if problem is not None:
             _say(f"error: {problem}")
             return 1
@@ -848,6 +849,17 @@ def up(paths: Paths, timeout: float = UP_TIMEOUT) -> int:
         return 1
 
 
+def _build_images() -> str | None:
+    """Build (or find cached) the images, in the foreground so their progress shows."""
+    _say(
+        "==> images: schedlock (from the Dockerfile) and the demo app (cached; first time minutes)"
+    )
+    result = subprocess.run(
+        ["bash", str(IMAGES_SH), "ensure", "schedlock", "demo-app"], cwd=REPO, check=False
+    )
+    return None if result.returncode == 0 else f"building the images failed ({result.returncode})"
+
+
 def _wait_ready(paths: Paths, process: subprocess.Popen[bytes], deadline: float) -> str | None:
     while True:
         state = read_state(paths)
@@ -877,7 +889,10 @@ def down(paths: Paths, timeout: float = DOWN_TIMEOUT) -> int:
         state = read_state(paths)
         if supervisor is None:
             leftovers = _sweep(paths)
+            restored = Cluster.cleanup_stale(paths.cluster)
             _say("==> the dev stack is not running")
+            if restored:
+                _say("    restored the host state its node had changed")
             if leftovers:
                 _say(f"    killed leftover processes: {_describe_procs(leftovers)}")
             if state is not None and state.get("status") == "failed":
@@ -887,6 +902,7 @@ def down(paths: Paths, timeout: float = DOWN_TIMEOUT) -> int:
             _remove_files(paths)
             return 0
         leftovers = _stop(paths, supervisor, timeout)
+        Cluster.cleanup_stale(paths.cluster)  # a no-op unless the supervisor had to be killed
         _remove_files(paths)
         _say(f"==> the dev stack is stopped ({time.monotonic() - began:.1f} s)")
         if leftovers:
