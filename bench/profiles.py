@@ -64,6 +64,7 @@ class Profile:
     scale_replicas: tuple[int, ...] = (5, 20, 50)  # replicas of one target, per design
     scale_window_s: float = 30.0  # quiet window for new connections/s and statements/s
     scale_failover_trials: int = 5  # SIGKILLs of the leader per design and replica count
+    scale_settled: bool = True  # measure again after one rotation of the reserves' turns
 
 
 FULL = Profile(
@@ -91,6 +92,7 @@ QUICK = Profile(
     operator_cap_s=120.0,
     scale_window_s=10.0,
     scale_failover_trials=2,
+    scale_settled=False,
 )
 
 SMOKE = Profile(
@@ -124,6 +126,7 @@ SMOKE = Profile(
     scale_replicas=(4,),
     scale_window_s=2.0,
     scale_failover_trials=1,
+    scale_settled=False,
 )
 
 PROFILES = {p.name: p for p in (FULL, QUICK, SMOKE)}

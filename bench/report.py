@@ -208,7 +208,11 @@ def table(doc: dict[str, Any]) -> str:
 ScaleColumn = tuple[str, Callable[[dict[str, Any]], str]]
 SCALE_COLUMNS: tuple[ScaleColumn, ...] = (
     ("sessions held", lambda r: _num(r["sessions_held"]["median"])),
-    ("new connections/s", lambda r: _num(r["new_connections_per_s"])),
+    ("new connections/s at start", lambda r: _num(r["at_start"]["new_connections_per_s"])),
+    (
+        "new connections/s settled",
+        lambda r: _num(r["settled"]["new_connections_per_s"]) if r.get("settled") else "–",
+    ),
     ("statements/s", lambda r: _num(r["statements_per_s"])),
     ("SIGKILL failover p99, ms", lambda r: _num(r["failover_sigkill_ms"]["p99"])),
     ("connections refused", lambda r: str(r["refused_connections"])),

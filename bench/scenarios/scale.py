@@ -8,7 +8,9 @@ sidecars (both schedulers: 2 lock keys) start on a fresh database, then:
   times once every key is led and the standby places are filled;
 * new connections/s and statements/s over a quiet window, from ``pg_stat_database``
   (``sessions`` and ``xact_commit``: every statement of an autocommit session is one
-  transaction; our own sampling runs on another database, so it is not counted);
+  transaction; our own sampling runs on another database, so it is not counted) — right
+  after the start, and in full runs again once the reserves' turns have settled (one
+  rotation: every reserve has checked with the whole roster in view);
 * refused connections (``schedlock_database_connections_refused_total`` summed over the
   sidecars) and whether each key had exactly one leader;
 * SIGKILL failover: rows due every 10 ms, the publish leader SIGKILLed, the gap at the
@@ -177,8 +179,21 @@ async def _failover(fleet: Fleet, trial: int) -> float:
     return (first - last) * 1000
 
 
+async def _rates(fleet: Fleet) -> dict[str, float]:
+    """New connections/s and statements/s on the database over one quiet window."""
+    before, t_before = _counters(fleet.ctx, fleet.dbname), time.monotonic()
+    await asyncio.sleep(fleet.ctx.profile.scale_window_s)
+    after, window = _counters(fleet.ctx, fleet.dbname), time.monotonic() - t_before
+    return {
+        "new_connections_per_s": round((after[0] - before[0]) / window, 3),
+        "statements_per_s": round((after[1] - before[1]) / window, 1),
+        "window_s": round(window, 1),
+    }
+
+
 async def _measure(ctx: Context, design: str, replicas: int) -> dict[str, Any]:
     p = ctx.profile
+    interval = p.timings.schedlock_reserve_check_s
     fleet = Fleet(ctx, design, replicas)
     try:
         t0 = time.monotonic()
@@ -198,20 +213,28 @@ async def _measure(ctx: Context, design: str, replicas: int) -> dict[str, Any]:
             sessions.append(_sessions(ctx, fleet.dbname))
             one_leader = one_leader and fleet.one_leader_per_key()
             await asyncio.sleep(0.2)
-        before, t_before = _counters(ctx, fleet.dbname), time.monotonic()
-        await asyncio.sleep(p.scale_window_s)
-        after, window = _counters(ctx, fleet.dbname), time.monotonic() - t_before
+        at_start = await _rates(fleet)
         gaps: list[float] = []
         for trial in range(p.scale_failover_trials):
             gaps.append(await _failover(fleet, trial))
             await _settle(fleet, replicas)
+        settled = None
+        if p.scale_settled and fleet.design == "bounded":
+            # Replicas that start together enlist with differing views of the roster (the
+            # first ones see few reserves, so they check again soon): the turns settle after
+            # one rotation, every reserve having checked once with the full roster in view.
+            rotation = max(0, replicas - 3) * interval
+            await asyncio.sleep(max(0.0, t0 + ready_s + rotation - time.monotonic()))
+            settled = await _rates(fleet)
         result: dict[str, Any] = {
             "replicas": replicas,
             "keys": 2,
             "sessions_held": {"median": statistics.median(sessions), "max": max(sessions)},
-            "new_connections_per_s": round((after[0] - before[0]) / window, 3),
-            "statements_per_s": round((after[1] - before[1]) / window, 1),
-            "window_s": round(window, 1),
+            # The first window right after the start, and (full runs) one after a rotation.
+            "new_connections_per_s": (settled or at_start)["new_connections_per_s"],
+            "statements_per_s": (settled or at_start)["statements_per_s"],
+            "at_start": at_start,
+            "settled": settled,
             "one_leader_per_key": one_leader,
             "refused_connections": fleet.refused(),
             "failover_sigkill_ms": summarize(gaps),
