@@ -14,16 +14,27 @@ Definitions (T = request timeout, s = slack, both from the config):
   without its outcome being recorded: from ``start - T - s`` to ``inflight_end``:
   kill ``start + s``; SIGSTOP ``SIGCONT + T + s``; partition ``start + lease-margin + T + s``
   (the leader goes on delivering already claimed rows until its heartbeat deadline);
-  pg_terminate / PostgreSQL restart ``start + T + s``.  SIGTERM has no window: it is graceful.
-  A fault only touches the lock keys in its record (those the victim led when it struck; all
-  keys for a PostgreSQL restart).
+  pg_terminate / PostgreSQL restart / synchronous fail-over ``start + T + s``; asynchronous
+  fail-over (``start`` is when replication was cut) ``killed_at + T + s``: every outcome recorded
+  while the standby heard nothing is lost with the old primary.  SIGTERM has no window: it is
+  graceful.  A fault only touches the lock keys in its record (those the victim led when it
+  struck; all keys for a PostgreSQL restart or a fail-over).
 * A step-down the sidecars log (``lock session lost`` while leading) that no injected fault
   explains is an *unplanned step-down* (e.g. a heartbeat starved on a loaded machine).  It ends
   a term like a partition does, so it gets the same window, ending when it was logged; it is
   counted under ``faults["unplanned_stepdown"]``.
 * ``delivered_twice_same_key``: a row's 2nd, 3rd… delivery where the previous delivery carried
   the same Idempotency-Key, came from a lower term, and lies in the in-flight window of a
-  crash-like fault that hit that term's key before the re-delivery.
+  crash-like fault that hit that term's key before the re-delivery.  After an asynchronous
+  fail-over the terms of the lost transactions are lost too, so there the re-delivery's term
+  may be the same number or lower: only the key must match.
+* ``lost_to_async_failover``: direct rows (``schedlock publish``/SQL, not objects) stored by
+  the harness while replication was cut before an asynchronous fail-over (from ``start - s``
+  to ``killed_at``) and never delivered: their insert went down with the old primary and
+  nothing re-creates them.  Stated, not excused silently; objects have no such excuse (the
+  operator re-asserts their rows) and count under ``lost``.
+* ``led_on_read_only``: advisory locks seen on an old primary brought back read-only after a
+  fail-over.  Must be 0.
 * ``delivered_twice_without_crash``: every other extra delivery (same term, a different key,
   no such fault — e.g. across a SIGTERM).  Must be 0.
 * ``overlapping_terms``: (lock key, old term, newer term) triples where the old term sent
@@ -53,7 +64,15 @@ from pathlib import Path
 from typing import Any
 
 from chaos.config import ChaosConfig
-from chaos.plan import CRASH_KINDS, KILL, PARTITION, SIGTERM, STOP
+from chaos.plan import (
+    CRASH_KINDS,
+    FAILOVER_ASYNC,
+    FAILOVER_SYNC,
+    KILL,
+    PARTITION,
+    SIGTERM,
+    STOP,
+)
 
 UNPLANNED = "unplanned_stepdown"
 INJECTED_APP_STATUSES = frozenset({503, 504})
@@ -61,9 +80,11 @@ VERDICT_KEYS = (
     "expected",
     "delivered",
     "lost",
+    "lost_to_async_failover",
     "delivered_twice_same_key",
     "delivered_twice_without_crash",
     "overlapping_terms",
+    "led_on_read_only",
     "recurring_slots_missed",
     "recurring_slots_doubled",
     "faults",
@@ -72,6 +93,7 @@ MUST_BE_ZERO = (
     "lost",
     "delivered_twice_without_crash",
     "overlapping_terms",
+    "led_on_read_only",
     "recurring_slots_missed",
     "recurring_slots_doubled",
 )
@@ -227,7 +249,16 @@ def inflight_window(fault: Fault, config: ChaosConfig) -> tuple[float, float]:
         return lo, fault.start + config.step_down_after + t + s
     if fault.kind == UNPLANNED:
         return lo, fault.end + s
-    return lo, fault.start + t + s  # pg_terminate, pg_restart
+    if fault.kind == FAILOVER_ASYNC:
+        return lo, float(fault.detail.get("killed_at") or fault.end) + t + s
+    return lo, fault.start + t + s  # pg_terminate, pg_restart, failover_sync
+
+
+def lost_window(fault: Fault, config: ChaosConfig) -> tuple[float, float] | None:
+    """When a row stored by the harness may have gone down with the old primary."""
+    if fault.kind != FAILOVER_ASYNC:
+        return None
+    return fault.start - config.slack_seconds, float(fault.detail.get("killed_at") or fault.end)
 
 
 def touches(fault: Fault, holder: str, key: str) -> bool:
@@ -299,7 +330,10 @@ def check(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
         oks = [e for e in got if e.ok]
         for prev, cur in itertools.pairwise(oks):
             cause = crash_explains(faults, cfg, prev, cur)
-            if cur.key == prev.key and cur.term > prev.term and cause is not None:
+            later_term = cur.term > prev.term or (
+                cause is not None and cause.kind == FAILOVER_ASYNC  # its terms are lost too
+            )
+            if cur.key == prev.key and later_term and cause is not None:
                 same_key += 1
                 excused.append(
                     {
@@ -344,7 +378,14 @@ def check(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
 
     # -- one-shot rows ------------------------------------------------------------------------
     delivered = {uid for uid in data.expected if any(e.ok for e in by_uid.get(uid, ()))}
-    lost = sorted(set(data.expected) - delivered)
+    windows_lost = [w for w in (lost_window(f, cfg) for f in data.faults) if w is not None]
+    lost_async = sorted(
+        uid
+        for uid in set(data.expected) - delivered
+        if data.expected[uid].get("kind") == "row"
+        and any(lo <= float(data.expected[uid].get("stored") or 0) <= hi for lo, hi in windows_lost)
+    )
+    lost = sorted(set(data.expected) - delivered - set(lost_async))
     lost_details = [
         {
             "uid": uid,
@@ -366,9 +407,15 @@ def check(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
         "expected": len(data.expected),
         "delivered": len(delivered),
         "lost": len(lost),
+        "lost_to_async_failover": len(lost_async),
         "delivered_twice_same_key": same_key,
         "delivered_twice_without_crash": len(without_crash),
         "overlapping_terms": len(overlaps),
+        "led_on_read_only": sum(
+            int(f.detail.get("read_only_advisory_locks") or 0)
+            for f in data.faults
+            if f.kind in (FAILOVER_SYNC, FAILOVER_ASYNC)
+        ),
         "recurring_slots_missed": recurring["missed_count"],
         "recurring_slots_doubled": recurring["doubled_count"],
         "faults": dict(sorted(fault_counts.items())),
@@ -380,6 +427,7 @@ def check(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
         "deliveries_logged": len(data.entries),
         "attempts_not_2xx": sum(not e.ok for e in data.entries),
         "lost": lost_details,
+        "lost_to_async_failover": lost_async[:50],
         "duplicates_without_crash": without_crash[:50],
         "duplicates_excused_by": dict(collections.Counter(d["fault"] for d in excused)),
         "duplicates_excused": excused[:200],
@@ -673,9 +721,12 @@ def summary(verdict: dict[str, Any], report: dict[str, Any]) -> str:
     rec = report["recurring"]
     lines = [
         f"seed {report['seed']}: {verdict['expected']} one-shot rows expected, "
-        f"{verdict['delivered']} delivered, {verdict['lost']} lost",
-        f"  duplicates: {verdict['delivered_twice_same_key']} across a crash (same key), "
+        f"{verdict['delivered']} delivered, {verdict['lost']} lost, "
+        f"{verdict['lost_to_async_failover']} direct rows lost to an asynchronous fail-over",
+        f"  duplicates: {verdict['delivered_twice_same_key']} across a crash (same key; by "
+        f"fault: {report['duplicates_excused_by']}), "
         f"{verdict['delivered_twice_without_crash']} without one",
+        f"  led on a read-only old primary: {verdict['led_on_read_only']} advisory locks",
         f"  overlapping terms: {verdict['overlapping_terms']} "
         f"(late arrivals inside a crash's in-flight window: {report['overlaps_excused']})",
         f"  recurring: {rec['expected_slots']} slots, {rec['delivered_slots']} delivered, "

@@ -23,6 +23,8 @@ from chaos.plan import (
     APP_5XX,
     APP_HANG,
     APP_SLOW,
+    FAILOVER_ASYNC,
+    FAILOVER_SYNC,
     KILL,
     OPERATOR_KILL,
     PARTITION,
@@ -32,7 +34,7 @@ from chaos.plan import (
     TERMINATE,
     PlannedFault,
 )
-from chaos.stack import Replica, Stack, log
+from chaos.stack import DATABASE, STANDBY_NAME, ChaosPostgres, Replica, Stack, log
 
 
 @dataclass
@@ -104,6 +106,8 @@ class FaultRunner:
             await self._pg_restart(p, r)
         elif p.kind == OPERATOR_KILL:
             await self._operator_kill(p, r)
+        elif p.kind in (FAILOVER_SYNC, FAILOVER_ASYNC):
+            await self._failover(p, r)
         else:
             await self._leader_fault(p, r)
 
@@ -139,6 +143,54 @@ class FaultRunner:
         await asyncio.sleep(p.hold)
         await self.stack.pg.astart()
         r.end = time.time()
+
+    # -- fail-over to the standby ---------------------------------------------------------------
+
+    async def _failover(self, p: PlannedFault, r: FaultRecord) -> None:
+        """Kill the primary and promote the standby, with synchronous replication (nothing
+        acknowledged is lost) or asynchronous with replication cut for ``hold`` seconds first
+        (what the primary commits meanwhile is lost).  The old primary then comes back
+        read-only for a while (nobody may lead on it) and is rebuilt as the new standby."""
+        stack = self.stack
+        old, new = stack.pg, stack.standby
+        r.target = ""
+        r.keys = sorted(str(k) for k in stack.keys)
+        r.detail["from_port"], r.detail["to_port"] = old.port, new.port
+        if p.kind == FAILOVER_SYNC:
+            await _alter_system(old, f"synchronous_standby_names = '{STANDBY_NAME}'")
+            try:
+                await _wait_sync(old)
+            except TimeoutError:
+                await _alter_system(old, "synchronous_standby_names = ''")  # commits go on
+                raise
+            r.start = time.time()
+            await old.astop("immediate")
+            await asyncio.sleep(p.hold)
+        else:
+            assert stack.replication is not None
+            r.start = time.time()
+            stack.replication.blackhole()
+            await asyncio.sleep(p.hold)
+            r.detail["killed_at"] = time.time()
+            await old.astop("immediate")
+        r.detail["down_at"] = round(time.time() - r.start, 3)
+        await asyncio.to_thread(new.promote)
+        stack.promote_standby()
+        if p.kind == FAILOVER_SYNC:
+            await _alter_system(new, "synchronous_standby_names = ''")
+        r.end = time.time()
+        r.detail["promoted_after"] = round(r.end - r.start, 3)
+        # The old primary back, read-only: sidecars (multi-host URL) must skip it.
+        old.settings = {**stack.base_settings, "default_transaction_read_only": "on"}
+        await old.astart()
+        locks = 0
+        for _ in range(10):
+            await asyncio.sleep(0.3)
+            locks = max(locks, await _advisory_locks(old))
+        r.detail["read_only_advisory_locks"] = locks
+        started = time.time()
+        await stack.start_standby()
+        r.detail["standby_rebuilt_in"] = round(time.time() - started, 2)
 
     # -- the operator ---------------------------------------------------------------------------
 
@@ -267,6 +319,48 @@ class FaultRunner:
         r.end = time.time()
         r.detail["backends"] = len(pids)
         r.detail["terminated"] = sum(done)
+
+
+async def _alter_system(server: ChaosPostgres, setting: str) -> None:
+    async with await psycopg.AsyncConnection.connect(
+        server.url(), autocommit=True, connect_timeout=3
+    ) as conn:
+        await conn.execute(f"ALTER SYSTEM SET {setting}")
+        await conn.execute("SELECT pg_reload_conf()")
+
+
+async def _wait_sync(server: ChaosPostgres, timeout: float = 10) -> None:
+    """Until the primary reports its standby synchronous."""
+    deadline = time.monotonic() + timeout
+    async with await psycopg.AsyncConnection.connect(
+        server.url(), autocommit=True, connect_timeout=3
+    ) as conn:
+        while True:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_replication "
+                "WHERE application_name = %s AND sync_state = 'sync'",
+                (STANDBY_NAME,),
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0] == 1:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("the standby did not become synchronous")
+            await asyncio.sleep(0.05)
+
+
+async def _advisory_locks(server: ChaosPostgres) -> int:
+    """Advisory locks granted on ``server`` (leaders, standby places: a read-only server must
+    have none)."""
+    async with await psycopg.AsyncConnection.connect(
+        server.url(DATABASE), autocommit=True, connect_timeout=3
+    ) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
 
 async def _wait_exit(process: Any, timeout: float) -> int | None:

@@ -49,7 +49,8 @@ class Expected:
         self.count = 0
 
     def add(self, kind: str, uid: str, target: str, due: float | None) -> None:
-        self._file.write(json.dumps({"kind": kind, "uid": uid, "target": target, "due": due}))
+        entry = {"kind": kind, "uid": uid, "target": target, "due": due, "stored": time.time()}
+        self._file.write(json.dumps(entry))
         self._file.write("\n")
         self.count += 1
 

@@ -29,18 +29,35 @@ PG_RESTART = "pg_restart"
 TERMINATE = "pg_terminate"
 SIGTERM = "sigterm_leader"
 OPERATOR_KILL = "operator_kill"
+FAILOVER_SYNC = "failover_sync"
+FAILOVER_ASYNC = "failover_async"
 APP_5XX = "app_5xx"
 APP_HANG = "app_hang"
 APP_SLOW = "app_slow"
 
-INFRA_KINDS = (KILL, STOP, PARTITION, PG_RESTART, TERMINATE, SIGTERM, OPERATOR_KILL)
+INFRA_KINDS = (
+    KILL,
+    STOP,
+    PARTITION,
+    PG_RESTART,
+    TERMINATE,
+    SIGTERM,
+    OPERATOR_KILL,
+    FAILOVER_SYNC,
+    FAILOVER_ASYNC,
+)
 APP_KINDS = (APP_5XX, APP_HANG, APP_SLOW)
 ALL_KINDS = INFRA_KINDS + APP_KINDS
 
 # Faults that end a leader's term without a graceful release: a delivery in flight across one
 # may be delivered again (same key).  SIGTERM is deliberately absent: a graceful stop must not
-# duplicate anything.
-CRASH_KINDS = frozenset({KILL, STOP, PARTITION, PG_RESTART, TERMINATE})
+# duplicate anything.  A fail-over kills the primary: every term ends like in a crash.
+CRASH_KINDS = frozenset(
+    {KILL, STOP, PARTITION, PG_RESTART, TERMINATE, FAILOVER_SYNC, FAILOVER_ASYNC}
+)
+# The settle time of a fail-over covers the promotion, the old primary's read-only spell and
+# its rebuild as the new standby (pg_basebackup), so the next fail-over finds a standby again.
+FAILOVER_SETTLE_SECONDS = 9.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,12 @@ def _infra(kind: str, rng: random.Random, config: ChaosConfig) -> tuple[float, s
     if kind == OPERATOR_KILL:
         hold = rng.uniform(1.0, 4.0)
         return hold, "", hold + 5.0
+    if kind == FAILOVER_SYNC:
+        hold = rng.uniform(0.0, 1.0)  # from the kill of the primary to the promotion
+        return hold, "", hold + FAILOVER_SETTLE_SECONDS
+    if kind == FAILOVER_ASYNC:
+        hold = rng.uniform(1.0, 3.0)  # replication cut: what the primary commits meanwhile is lost
+        return hold, "", hold + FAILOVER_SETTLE_SECONDS
     raise ValueError(kind)
 
 

@@ -127,3 +127,33 @@ class BlackholeProxy:
             # One side is gone: close the other so the peer sees the end (after a heal).
             await gate.wait()
             writer.close()
+
+
+class ProxyGroup:
+    """One client's proxies, one per server (a multi-host URL): partitioned and healed together."""
+
+    def __init__(self, proxies: list[BlackholeProxy]) -> None:
+        self.proxies = proxies
+
+    @property
+    def blackholed(self) -> bool:
+        return any(p.blackholed for p in self.proxies)
+
+    @property
+    def connections(self) -> int:
+        return sum(p.connections for p in self.proxies)
+
+    async def start(self) -> list[int]:
+        return [await p.start() for p in self.proxies]
+
+    def blackhole(self, direction: str = "both") -> None:
+        for p in self.proxies:
+            p.blackhole(direction)
+
+    def heal(self) -> None:
+        for p in self.proxies:
+            p.heal()
+
+    async def close(self) -> None:
+        for p in self.proxies:
+            await p.close()

@@ -123,6 +123,8 @@ async def _main(
     expected = Expected(rundir / "expected.jsonl")
     runner: FaultRunner | None = None
     try:
+        log("starting the standby (pg_basebackup, streaming through the replication proxy)")
+        await stack.start_standby()
         log(f"starting {config.replicas} sidecars for each of {', '.join(config.targets)}")
         run_info["schedules"] = {
             s["uid"]: {"target": s["target"]} for s in await create_schedules(stack, config)

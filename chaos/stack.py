@@ -1,10 +1,15 @@
-"""The system under test: PostgreSQL, kube-apiserver + etcd, the operator, two apps, ten sidecars.
+"""The system under test: PostgreSQL (a primary and its streaming standby), kube-apiserver + etcd,
+the operator, two apps, ten sidecars.
 
 Everything runs as a real process started from the main thread with ``die_with_parent`` (a
-harness killed with SIGKILL takes its children with it).  Each sidecar reaches PostgreSQL
-through its own :class:`~chaos.proxy.BlackholeProxy`; the harness, the operator and the row
-writers connect directly.  Sidecars run as the least-privilege role ``schedlock_sidecar`` and
-the operator as ``schedlock_operator``, the way a production install runs them.
+harness killed with SIGKILL takes its children with it).  Two servers take turns as primary:
+the other one is a hot standby streaming from it through a :class:`~chaos.proxy.BlackholeProxy`
+(so a fail-over fault can cut replication).  Sidecars and the operator connect with a
+multi-host URL (``host1:port1,host2:port2`` with ``target_session_attrs=read-write``, libpq's
+own way to find the primary); each sidecar reaches each server through its own proxy.  The
+harness and the row writers connect to the current primary directly.  Sidecars run as the
+least-privilege role ``schedlock_sidecar`` and the operator as ``schedlock_operator``, the way
+a production install runs them.
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ from schedlock.store import LockKey, open_store
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 
 from chaos.config import ChaosConfig
-from chaos.proxy import BlackholeProxy
+from chaos.proxy import BlackholeProxy, ProxyGroup
 from tests.support.kube import KubeAPIServer
 from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
-from tests.support.pg import PostgresServer, server_dir
+from tests.support.pg import PostgresServer, replicate_from, server_dir, wait_streaming
 from tests.support.procs import die_with_parent
 from tests.support.sidecars import ReceiverProcess, SidecarProcess
 
@@ -43,6 +48,7 @@ DATABASE = "chaos"
 SIDECAR_ROLE = "schedlock_sidecar"
 OPERATOR_ROLE = "schedlock_operator"
 SCHEDULERS = ("publish", "recurring")
+STANDBY_NAME = "standby"  # the standby's application_name, what synchronous_standby_names lists
 
 AConn = psycopg.AsyncConnection[TupleRow]
 
@@ -97,11 +103,10 @@ class ChaosPostgres(PostgresServer):
         shutil.rmtree(server_dir(self.workdir), ignore_errors=True)
 
 
-def with_user(url: str, user: str, dbname: str, port: int | None = None) -> str:
-    host_port = url.rsplit("@", 1)[1].split("/", 1)[0]
-    if port is not None:
-        host_port = f"{host_port.rsplit(':', 1)[0]}:{port}"
-    return f"postgresql://{user}@{host_port}/{dbname}"
+def multi_host_url(user: str, dbname: str, ports: list[int]) -> str:
+    """libpq's multi-host URL: the first of ``ports`` that is a writable primary."""
+    hosts = ",".join(f"127.0.0.1:{port}" for port in ports)
+    return f"postgresql://{user}@{hosts}/{dbname}?target_session_attrs=read-write&connect_timeout=2"
 
 
 # ------------------------------------------------------------------------------- the operator
@@ -155,7 +160,7 @@ class Replica:
     name: str
     target: str
     process: SidecarProcess
-    proxy: BlackholeProxy
+    proxy: ProxyGroup  # one proxy per server
     down: bool = False  # stopped on purpose by a fault (killed/terminated, not yet restarted)
     frozen: bool = False
 
@@ -167,7 +172,13 @@ class Stack:
         # synchronous_commit stays ON: the test server's default (off) acknowledges commits
         # that an immediate shutdown then loses, which would read as lost rows.  fsync may stay
         # off: only the server process dies here, never the machine.
-        self.pg = ChaosPostgres(rundir / "postgres", settings={"synchronous_commit": "on"})
+        self.base_settings = {"synchronous_commit": "on"}
+        self.servers = [
+            ChaosPostgres(rundir / f"postgres-{n}", settings=dict(self.base_settings))
+            for n in ("a", "b")
+        ]
+        self.primary_index = 0
+        self.replication: BlackholeProxy | None = None  # standby -> primary
         self.kube: KubeAPIServer | None = None
         self.operator: ChaosOperator | None = None
         self.receivers: dict[str, ReceiverProcess] = {}
@@ -180,18 +191,49 @@ class Stack:
         }
         self.objids = {key.objid: key for key in self.keys}
 
+    # -- the two servers ------------------------------------------------------------------------
+
+    @property
+    def pg(self) -> ChaosPostgres:
+        """The current primary."""
+        return self.servers[self.primary_index]
+
+    @property
+    def standby(self) -> ChaosPostgres:
+        return self.servers[1 - self.primary_index]
+
+    async def start_standby(self) -> None:
+        """(Re)build the non-primary server as a hot standby of the primary (pg_basebackup),
+        streaming through a fresh replication proxy, and wait until it has caught up."""
+        standby, primary = self.standby, self.pg
+        await standby.astop("fast")
+        if self.replication is not None:
+            await self.replication.close()
+        self.replication = BlackholeProxy("replication", "127.0.0.1", primary.port)
+        via = await self.replication.start()
+        standby.settings = dict(self.base_settings)
+        await asyncio.to_thread(
+            replicate_from, primary, standby, application_name=STANDBY_NAME, via_port=via
+        )
+        await standby.astart()
+        await asyncio.to_thread(wait_streaming, primary, STANDBY_NAME, 30)
+
+    def promote_standby(self) -> None:
+        """The standby becomes the primary (the caller promotes it)."""
+        self.primary_index = 1 - self.primary_index
+
     # -- URLs ---------------------------------------------------------------------------------
 
     @property
     def admin_url(self) -> str:
         return self.pg.url(DATABASE)
 
-    def sidecar_url(self, proxy_port: int) -> str:
-        return with_user(self.pg.url(), SIDECAR_ROLE, DATABASE, proxy_port)
+    def sidecar_url(self, proxy_ports: list[int]) -> str:
+        return multi_host_url(SIDECAR_ROLE, DATABASE, proxy_ports)
 
     @property
     def operator_url(self) -> str:
-        return with_user(self.pg.url(), OPERATOR_ROLE, DATABASE)
+        return multi_host_url(OPERATOR_ROLE, DATABASE, [server.port for server in self.servers])
 
     # -- synchronous set-up (main thread, before the event loop) ------------------------------
 
@@ -227,11 +269,13 @@ class Stack:
             receiver = self.receivers[target]
             for i in range(self.config.replicas):
                 name = f"{target}-{i}"
-                proxy = BlackholeProxy(name, "127.0.0.1", self.pg.port)
-                port = await proxy.start()
+                proxy = ProxyGroup(
+                    [BlackholeProxy(name, "127.0.0.1", server.port) for server in self.servers]
+                )
+                ports = await proxy.start()
                 env = {
                     **self.config.sidecar_env(),
-                    "SCHEDLOCK_DATABASE_URL": self.sidecar_url(port),
+                    "SCHEDLOCK_DATABASE_URL": self.sidecar_url(ports),
                     "SCHEDLOCK_TARGET": target,
                     "SCHEDLOCK_TARGET_URL": receiver.url,
                 }
@@ -240,7 +284,12 @@ class Stack:
                 process.start()
 
     def start_operator(self, kubeconfig: Path) -> None:
-        self.operator = ChaosOperator(self.rundir / "operator", self.operator_url, kubeconfig)
+        self.operator = ChaosOperator(
+            self.rundir / "operator",
+            self.operator_url,
+            kubeconfig,
+            extra_env={"SCHEDLOCK_REASSERT_SECONDS": "5"},
+        )
         self.operator.spawn()
 
     async def open_http(self) -> aiohttp.ClientSession:
@@ -388,6 +437,8 @@ class Stack:
         }
         for replica in self.replicas.values():
             await replica.proxy.close()
+        if self.replication is not None:
+            await self.replication.close()
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 await self._admin.close()
@@ -417,4 +468,5 @@ class Stack:
                 proc.wait()
         if self.kube is not None:
             self.kube.stop()
-        self.pg.cleanup()
+        for server in self.servers:
+            server.cleanup()
