@@ -175,7 +175,11 @@ async def _failover(fleet: Fleet, trial: int) -> float:
         if e.uid.startswith(prefix) and (e.arrival <= t_kill or e.holder == leader.name)
     ]
     last = max(before) if before else t_kill
-    fleet.add()  # back to N replicas: it starts as a reserve (or a standby, a place being free)
+    # Back to N replicas: it starts as a reserve (or a standby, a place being free); its
+    # start-up connections (schema check, first checks) stay out of the windows measured next.
+    replacement = fleet.add()
+    with contextlib.suppress(TimeoutError):
+        await until(replacement.ready, 60, 0.1, f"{replacement.name} to be ready")
     return (first - last) * 1000
 
 
