@@ -65,6 +65,7 @@ class Profile:
     scale_window_s: float = 30.0  # quiet window for new connections/s and statements/s
     scale_failover_trials: int = 5  # SIGKILLs of the leader per design and replica count
     scale_settled: bool = True  # measure again after one rotation of the reserves' turns
+    cluster_trials: int = 10  # leader pod deletions of each kind; a third as many rolling updates
 
 
 FULL = Profile(
@@ -93,6 +94,7 @@ QUICK = Profile(
     scale_window_s=10.0,
     scale_failover_trials=2,
     scale_settled=False,
+    cluster_trials=3,
 )
 
 SMOKE = Profile(
@@ -127,6 +129,7 @@ SMOKE = Profile(
     scale_window_s=2.0,
     scale_failover_trials=1,
     scale_settled=False,
+    cluster_trials=1,
 )
 
 PROFILES = {p.name: p for p in (FULL, QUICK, SMOKE)}

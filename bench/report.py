@@ -21,6 +21,7 @@ KEYS = (
     "operator",
     "footprint",
     "scale",
+    "cluster",
 )
 SYSTEMS = ("schedlock", "seed_tick", "k8s_lease")
 DOCS = REPO / "docs" / "performance.md"
@@ -194,6 +195,20 @@ def table(doc: dict[str, Any]) -> str:
     else:
         cell = "–"
     rows.append(["scale", cell, "n/a", "n/a"])
+    cl = doc.get("cluster") or {}
+    for label, key in (
+        ("in a cluster: leader pod force-deleted, gap ms", "pod_delete_force_gap_ms"),
+        ("in a cluster: leader pod deleted, gap ms", "pod_delete_gap_ms"),
+        ("in a cluster: rolling update, gap ms", "rolling_update"),
+    ):
+        entry = cl.get(key)
+        cell = _dist(entry)
+        if entry:
+            cell += (
+                f"; lost {entry['lost']}, failed {entry['failed']}, "
+                f"latest row {_num(entry['late_max_ms'], ' ms')}"
+            )
+        rows.append([label, cell, "n/a (no pods)", "n/a (no pods)"])
     for index, row in enumerate(rows):
         if index > 0 and row[0] == "hand-over SIGTERM, ms":
             row[2] = row[3] = "n/a (no hand-over)"

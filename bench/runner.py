@@ -8,7 +8,8 @@ Order and grouping (what may share the machine with what):
 3. throughput — schedlock alone, then the two baselines side by side;
 4. idle queries and footprint — all three systems idling side by side, one window;
 5. operator — the burst of ScheduledPublish objects;
-6. scale — 5, 20 and 50 replicas of one target at max_connections 100, bounded vs baseline.
+6. scale — 5, 20 and 50 replicas of one target at max_connections 100, bounded vs baseline;
+7. cluster — the product in a real one-node cluster: leader pods deleted, a rolling update.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from bench import report
 from bench.context import Context
 from bench.env import BenchEnv
 from bench.profiles import PROFILES, Profile
-from bench.scenarios import failover, idle, lateness, operator, scale, throughput
+from bench.scenarios import cluster, failover, idle, lateness, operator, scale, throughput
 from tests.support.sidecars import REPO
 
 RESULTS = REPO / "bench" / "results"
@@ -47,6 +48,7 @@ SCENARIOS = (
     "operator",
     "footprint",
     "scale",
+    "cluster",
 )
 FAILOVER = ("failover_sigkill_ms", "failover_sigstop_ms", "handover_sigterm_ms")
 IDLE = ("idle_queries_per_s_per_replica", "footprint")
@@ -129,6 +131,8 @@ async def _scenarios(ctx: Context, only: list[str], errors: list[str]) -> None:
         await guarded("operator", lambda: operator.run(ctx))
     if "scale" in only:
         await guarded("scale", lambda: scale.run(ctx))
+    if "cluster" in only:
+        await guarded("cluster", lambda: cluster.run(ctx))
 
 
 def run(

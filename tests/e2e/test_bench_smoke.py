@@ -1,8 +1,8 @@
 """The benchmark harness runs end to end (``python -m bench run --smoke``), so it cannot rot.
 
-One short trial per scenario with shortened timings, against its own PostgreSQL and
-kube-apiserver.  Only the shape of the results is checked — never a number: timing belongs in
-``make bench`` on a quiet machine, not in a test.
+One short trial per scenario with shortened timings, against its own PostgreSQL,
+kube-apiserver and (the cluster scenario) one-node cluster.  Only the shape of the results is
+checked — never a number: timing belongs in ``make bench`` on a quiet machine, not in a test.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ KEYS = [
     "operator",
     "footprint",
     "scale",
+    "cluster",
 ]
 ALL = ("schedlock", "seed_tick", "k8s_lease")
 DISTRIBUTIONS = {
@@ -46,15 +47,15 @@ def assert_distribution(entry: object, where: str) -> None:
     assert isinstance(entry.get("n"), int) and entry["n"] >= 1, f"{where}.n: {entry}"
 
 
-@pytest.mark.timeout(420)
-def test_bench_smoke_writes_every_key(tmp_path: Path) -> None:
+@pytest.mark.timeout(720)
+def test_bench_smoke_writes_every_key(tmp_path: Path, cluster_free_host: None) -> None:
     out = tmp_path / "results"
     run = subprocess.run(
         [sys.executable, "-m", "bench", "run", "--smoke", "--no-docs", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=700,
         check=False,
     )
     assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr[-6000:]}"
@@ -76,6 +77,10 @@ def test_bench_smoke_writes_every_key(tmp_path: Path) -> None:
     scale = document["scale"]
     assert isinstance(scale["one_leader_per_key"], bool)
     assert isinstance(scale["connections"], int)
+    cluster = document["cluster"]
+    for key in ("pod_delete_force_gap_ms", "pod_delete_gap_ms", "rolling_update"):
+        assert_distribution(cluster[key], f"cluster.{key}")
+        assert isinstance(cluster[key]["lost"], int), cluster[key]
     table = (out / "latest.md").read_text()
     assert "failover SIGKILL" in table and "| schedlock target |" in table
     assert run.stdout.count("| failover SIGKILL, ms |") == 1  # the table is printed too

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,24 @@ def cluster_free_host() -> Iterator[None]:
         yield
     finally:
         session.start()
+
+
+CLUSTER_TESTS = Path(__file__).resolve().parents[1] / "cluster"
+
+
+def _in_cluster_tests(item: pytest.Item | None) -> bool:
+    return item is not None and CLUSTER_TESTS in item.path.parents
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the session cluster once the run leaves tests/cluster (after the module fixtures
+    built on it are torn down: trylast), so the rest of the suite has the host to itself —
+    the node's CPU, and its bridge and rules for tests that start clusters of their own."""
+    if _in_cluster_tests(item) and not _in_cluster_tests(nextitem):
+        session = _SESSION.pop("cluster", None)
+        if session is not None:
+            session.stop()
 
 
 @pytest.fixture(scope="session")
