@@ -18,6 +18,9 @@
 #                            (`nft` is how the test bed removes the tables iptables-nft leaves)
 #   buildah, mmdebstrap      Debian's packages: the images, built here from the Dockerfile
 #   prometheus, promtool     Debian's `prometheus` package
+#   prometheus-upstream      github.com/prometheus/prometheus (Go module): Debian builds its
+#                            package without Kubernetes service discovery, which the cluster
+#                            tests need to discover the sidecars as a PodMonitor describes them
 #   pgbouncer                Debian's `pgbouncer` package
 #   checkov                  PyPI, in a virtualenv of its own (its pins clash with the dev tools)
 #
@@ -30,6 +33,7 @@ ETCD_VERSION="v3.6.5"
 HELM_VERSION="v3.19.0"
 COREDNS_VERSION="v1.14.7"
 CRITOOLS_VERSION="v1.34.0"
+PROMETHEUS_VERSION="v0.315.1"  # the Go module's version of Prometheus v3.15.1
 CHECKOV_VERSION="3.3.30"
 # Bump when the build recipe changes (ldflags…): the cache is keyed by version and this revision.
 RECIPE="r2"
@@ -51,6 +55,7 @@ bindir() {
       echo "$CACHE/kubernetes-node-$KUBERNETES_VERSION-$RECIPE/bin" ;;
     coredns) echo "$CACHE/coredns-$COREDNS_VERSION-$RECIPE/bin" ;;
     crictl) echo "$CACHE/crictl-$CRITOOLS_VERSION-$RECIPE/bin" ;;
+    prometheus-upstream) echo "$CACHE/prometheus-$PROMETHEUS_VERSION-$RECIPE/bin" ;;
     containerd|ctr|buildah|mmdebstrap) echo "/usr/bin" ;;
     # Debian installs these under sbin (runc has a /usr/bin link, the others do not).
     runc|iptables|nft|conntrack) echo "/usr/sbin" ;;
@@ -170,6 +175,26 @@ func main() { coremain.Run() }'
     "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" .
 }
 
+build_prometheus_upstream() {
+  local dir; dir="$(bindir prometheus-upstream)"
+  [[ -x "$dir/prometheus-upstream" ]] && return 0
+  need_go prometheus
+  local gomod="module schedlock.dev/tools/prometheus
+
+go 1.24
+
+require github.com/prometheus/prometheus $PROMETHEUS_VERSION"
+  local tools='//go:build tools
+
+package tools
+
+import _ "github.com/prometheus/prometheus/cmd/prometheus"'
+  local ver="${PROMETHEUS_VERSION#v0.}"; ver="3.${ver#3}"
+  go_build "$dir" "prometheus $PROMETHEUS_VERSION" "$gomod" "tools.go:$tools" \
+    "-X github.com/prometheus/common/version.Version=$ver" github.com/prometheus/prometheus/cmd/prometheus
+  mv "$dir/prometheus" "$dir/prometheus-upstream"
+}
+
 build_crictl() {
   local dir; dir="$(bindir crictl)"
   [[ -x "$dir/crictl" ]] && return 0
@@ -282,10 +307,11 @@ ensure() {
       kubelet|kube-controller-manager|kube-scheduler|kube-proxy) build_kubernetes_node ;;
       coredns) build_coredns ;;
       crictl) build_crictl ;;
+      prometheus-upstream) build_prometheus_upstream ;;
       containerd|ctr|runc|cni|iptables|nft|conntrack)
         install_debian containerd runc containernetworking-plugins iptables nftables conntrack ;;
       buildah|mmdebstrap) install_debian buildah mmdebstrap ;;
-      node) ensure kubelet coredns crictl containerd ;;
+      node) ensure kubelet coredns crictl containerd prometheus-upstream ;;
       images) ensure buildah ;;
       *) echo "unknown tool: $t" >&2; exit 2 ;;
     esac
