@@ -14,7 +14,7 @@ SCHEDLOCK_DATABASE_URL="sqlite:///$tmp/lint.db" SCHEDLOCK_TARGET=lint SCHEDLOCK_
   SCHEDLOCK_TARGET_URL="http://127.0.0.1:$app_port/schedlock" \
   SCHEDLOCK_HTTP_PORT="$port" "$VENV/bin/schedlock" sidecar >"$tmp/sidecar.log" 2>&1 &
 pid=$!
-trap 'kill "$pid" "$app" 2>/dev/null; wait "$pid" "$app" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'kill "$pid" "$app" 2>/dev/null; wait "$pid" "$app" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do
   if "$VENV/bin/python" -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$port/readyz', timeout=1)" 2>/dev/null; then
     break
