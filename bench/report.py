@@ -123,9 +123,17 @@ def targets(doc: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     )
     out.append(
         (
-            "idle followers 0 queries/s",
+            "idle standbys 0 queries/s",
             _num(followers, " q/s"),
             None if followers is None else followers == 0,
+        )
+    )
+    reserves = idle.get("reserves_queries_per_s_per_key")
+    out.append(
+        (
+            "idle reserves ≤ 2 queries/s per key, together",
+            _num(reserves, " q/s"),
+            None if reserves is None else reserves <= 2,
         )
     )
     out.append(

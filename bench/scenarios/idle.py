@@ -2,7 +2,8 @@
 
 Queries come from PostgreSQL's own statistics: every replica connects as its own role, and
 ``pg_stat_statements`` counts the statements each role completed in its database between two
-snapshots (a follower blocked in ``pg_advisory_lock`` completes nothing).  The k8s_lease
+snapshots (a standby blocked in ``pg_advisory_lock`` completes nothing; schedlock's reserves,
+holding no session, are counted apart: their checks in turns).  The k8s_lease
 replicas also count their API requests to the kube-apiserver.  RSS and CPU come from /proc for
 the same processes over the same window.  The three systems idle side by side.
 """
@@ -17,6 +18,8 @@ from bench.context import Context
 from bench.profiles import SYSTEMS
 from bench.stats import summarize
 from bench.systems import INSTANCES, Instance, K8sLeaseInstance, cpu_seconds, rss_mb, until
+
+KEYS_PER_REPLICA = 2  # a schedlock replica runs the publish and recurring keys of its target
 
 
 def _calls(ctx: Context) -> dict[tuple[str, int], int]:
@@ -60,6 +63,7 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
             f"idle: {len(SYSTEMS) * p.idle_replicas} replicas up, measuring {p.idle_window_s:g} s"
         )
         await asyncio.sleep(p.idle_warmup_s)
+        sessions0 = _sessions(ctx, insts["schedlock"].dbname)
         calls0, cpu0, api0 = _calls(ctx), _cpu(insts), _api(insts)
         led0 = {s: i.keys_led() for s, i in insts.items()}
         t0 = time.monotonic()
@@ -67,6 +71,7 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
         calls1, cpu1, api1 = _calls(ctx), _cpu(insts), _api(insts)
         window = time.monotonic() - t0
         led1 = {s: i.keys_led() for s, i in insts.items()}
+        sessions1 = _sessions(ctx, insts["schedlock"].dbname)
         for system, inst in insts.items():
             oid = ctx.env.database_oid(inst.dbname)
             stable = led0[system] == led1[system]
@@ -81,6 +86,11 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
                     "rss_mb": round(rss_mb(r.pid) or 0.0, 1),
                     "cpu_percent": round(cpu, 2),
                 }
+                if system == "schedlock":
+                    # Sessions held at both ends of the window (the lower, so that a reserve's
+                    # check caught in flight does not count): a standby waits on one per key,
+                    # a reserve holds none.
+                    row["sessions"] = min(sessions0.get(r.name, 0), sessions1.get(r.name, 0))
                 if system == "k8s_lease":
                     row["api_requests_per_s"] = round(
                         (api1.get(r.name, 0) - api0.get(r.name, 0)) / window, 3
@@ -99,6 +109,16 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
             inst.stop()
 
 
+def _sessions(ctx: Context, dbname: str) -> dict[str, int]:
+    """application_name (the replica) -> client sessions it holds on ``dbname`` right now."""
+    rows = ctx.env.sql(
+        "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s "
+        "AND backend_type = 'client backend' GROUP BY 1",
+        (dbname,),
+    )
+    return {str(name): int(count) for name, count in rows}
+
+
 def _idle_entry(
     system: str, replicas: list[dict[str, Any]], window: float, stable: bool
 ) -> dict[str, Any]:
@@ -110,6 +130,15 @@ def _idle_entry(
     else:
         leaders = [r for r in replicas if r["keys_led"]]
         followers = [r for r in replicas if not r["keys_led"]]
+        if system == "schedlock":
+            # Followers that wait (standbys, a session per key) issue nothing; reserves hold no
+            # session and check in turns, at a cost bounded per key whatever their number.
+            reserves = [r for r in followers if r["sessions"] < KEYS_PER_REPLICA]
+            followers = [r for r in followers if r["sessions"] >= KEYS_PER_REPLICA]
+            entry["reserves"] = len(reserves)
+            entry["reserves_queries_per_s_per_key"] = round(
+                sum(r["queries_per_s"] for r in reserves) / KEYS_PER_REPLICA, 3
+            )
         entry["leader_keys_stable"] = stable
         entry["keys"] = sum(r["keys_led"] for r in leaders)
         entry["leader_queries_per_s_per_key"] = (
