@@ -388,7 +388,7 @@ class FakeSession:
     async def release(self, term: int | None) -> None:
         self.log.append(f"release:{term}")
 
-    # A single replica: there is always a standby place (tests/unit/test_connection_budget.py
+    # A single replica: there is always a standby place (tests/unit/test_connection_budget_roles.py
     # has the places, the roster and the reserves).
     async def take_standby_place(self, places: int) -> int | None:
         return 0
