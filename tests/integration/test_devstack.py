@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 # A node, `helm install --wait`, two app pods: about a minute warm. The budget is only a guard
 # against a hang; `up` has its own deadline.
 UP_BUDGET_SECONDS = 300
+REASSERT_DEFAULT = 30  # charts/schedlock/values.yaml operator.reassertSeconds
 NODE_PROCESSES = {
     "etcd",
     "kube-apiserver",
@@ -129,6 +132,10 @@ def up(dev_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]
     return result, state
 
 
+def _sql(dev_dir: Path, query: str) -> str:
+    return in_env(dev_dir, f'psql "$DATABASE_URL" -qtAc {shlex.quote(query)}').stdout.strip()
+
+
 def _usage(stdout: str) -> list[str]:
     """What `up` prints after saying the stack is up (or already up)."""
     lines = stdout.splitlines()
@@ -195,6 +202,34 @@ def test_up_is_usable_idempotent_and_down_leaves_no_process(dev_dir: Path) -> No
     assert '"name":"launch-announcement"' in logs.stdout, logs.stdout + logs.stderr
     listed = in_env(dev_dir, "kubectl get sp")
     assert "launch-announcement" in listed.stdout and "Published" in listed.stdout
+
+    # Level-triggered (issue 14): the row of a future object deleted behind the operator's back
+    # comes back within the chart's default re-assertion interval, and the object still fires.
+    at = (datetime.now(UTC) + timedelta(seconds=REASSERT_DEFAULT + 15)).isoformat()
+    future = {
+        "apiVersion": "schedlock.dev/v1",
+        "kind": "ScheduledPublish",
+        "metadata": {"name": "lost-row", "namespace": "default"},
+        "spec": {"target": "demo", "publishAt": at.replace("+00:00", "Z")},
+    }
+    applied = in_env(dev_dir, f"echo {shlex.quote(json.dumps(future))} | kubectl apply -f -")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    uid = in_env(dev_dir, "kubectl get sp lost-row -o jsonpath={.metadata.uid}").stdout.strip()
+    row = f"SELECT count(*) FROM schedlock_publishes WHERE uid = '{uid}' AND state = 'scheduled'"
+    wait_until(lambda: _sql(dev_dir, row) == "1", 30, "the operator to write lost-row's row")
+    deleted = _sql(dev_dir, f"DELETE FROM schedlock_publishes WHERE uid = '{uid}' RETURNING 1")
+    assert deleted == "1"
+    began = time.monotonic()
+    wait_until(lambda: _sql(dev_dir, row) == "1", REASSERT_DEFAULT + 5, "the row to come back")
+    print(f"lost-row's row re-asserted after {time.monotonic() - began:.1f} s")
+    wait_until(
+        lambda: (
+            in_env(dev_dir, "kubectl get sp lost-row -o jsonpath={.status.phase}").stdout.strip()
+            == "Published"
+        ),
+        timeout=REASSERT_DEFAULT + 60,
+        what="lost-row to fire and be Published",
+    )
 
     # The env file alone makes psql, kubectl and schedlock work, against this stack.
     select = in_env(dev_dir, 'psql "$DATABASE_URL" -tAc "select 1"')
