@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import HostState, host_state_differences
+from tests.support.cluster import SHORT_SOCKET_DIR, HostState, host_state_differences
 from tests.support.pg import pg_bindir
 from tests.support.tools import tool
 
@@ -116,6 +116,26 @@ def dev_dir(tmp_path: Path, cluster_free_host: None) -> Iterator[Path]:
     result = devstack(path, "down")
     assert result.returncode == 0, result.stdout + result.stderr
     assert host_state_differences(before, HostState.capture()) == []
+    assert _processes_of(path) == [], "processes of the stack survived `down`"
+
+
+def _processes_of(dev_dir: Path) -> list[str]:
+    """Processes still naming the stack's directory or the node's socket directory, or running
+    in the stack's directory: containerd's shims are re-parented to init and name neither the
+    supervisor nor a recorded pid."""
+    markers = [str(dev_dir), str(SHORT_SOCKET_DIR)]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if any(m in args for m in markers) or cwd.startswith(str(dev_dir)):
+            found.append(f"{entry.name}: {args[:200]}")
+    return found
 
 
 def up(dev_dir: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:

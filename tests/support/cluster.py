@@ -444,14 +444,20 @@ def _kill_leftovers(workdir: Path, deadline: float) -> None:
     """SIGKILL, by pid, the processes a node run left: pods (in kubepods cgroups) and anything
     whose command line names the workdir (containerd shims, components of a crashed run)."""
     spare = _ancestors()
-    marker = f"{workdir}/"
+    # The shims name containerd's socket, which is not under the workdir when it had to move
+    # to SHORT_SOCKET_DIR; they also run in a directory of the workdir's containerd state.
+    markers = [f"{workdir}/".encode(), f"{SHORT_SOCKET_DIR}/".encode()]
     victims: set[int] = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) in spare:
             continue
         with contextlib.suppress(OSError):
             args = proc.joinpath("cmdline").read_bytes().split(b"\0")
-            if any(marker.encode() in arg or arg == str(workdir).encode() for arg in args):
+            named = any(m in arg for m in markers for arg in args)
+            if named or str(workdir).encode() in args:
+                victims.add(int(proc.name))
+                continue
+            if os.readlink(proc / "cwd").startswith(f"{workdir}/"):
                 victims.add(int(proc.name))
     for point, _, fstype, _ in _mountinfo():
         if fstype not in ("cgroup", "cgroup2"):

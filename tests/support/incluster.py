@@ -148,15 +148,19 @@ class HostDatabase:
         shutil.rmtree(pg.server_dir(self.server.workdir), ignore_errors=True)
         self.server.logfile.unlink(missing_ok=True)
         self.server.start()
-        self.server.psql(f"CREATE ROLE {DATABASE_ROLE} LOGIN PASSWORD '{self.password}'")
-        # Its own statement: CREATE DATABASE cannot run inside psql -c's one transaction.
-        self.server.psql(f"CREATE DATABASE {DATABASE_NAME} OWNER {DATABASE_ROLE}")
-        self.cluster.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
-        )
-        self.service_host = self.cluster.expose_host_service(
-            self.namespace, DATABASE_SERVICE, DATABASE_PORT, self.server.port
-        )
+        try:
+            self.server.psql(f"CREATE ROLE {DATABASE_ROLE} LOGIN PASSWORD '{self.password}'")
+            # Its own statement: CREATE DATABASE cannot run inside psql -c's one transaction.
+            self.server.psql(f"CREATE DATABASE {DATABASE_NAME} OWNER {DATABASE_ROLE}")
+            self.cluster.apply(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+            )
+            self.service_host = self.cluster.expose_host_service(
+                self.namespace, DATABASE_SERVICE, DATABASE_PORT, self.server.port
+            )
+        except BaseException:
+            self.stop()  # the postmaster outlives whoever started it: never leave it behind
+            raise
         return self
 
     def stop(self) -> None:
