@@ -13,9 +13,7 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY core ./core
-COPY sidecar ./sidecar
-COPY operator ./operator
+COPY src ./src
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv --without-pip /opt/schedlock \
  && pip --python /opt/schedlock/bin/python install /wheels/schedlock-*.whl \

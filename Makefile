@@ -104,11 +104,11 @@ images: tools ## build the images (schedlock from the Dockerfile, the demo app) 
 
 .PHONY: dev-up
 dev-up: venv tools ## a one-node cluster with the chart installed and a demo app, in the background
-	@$(PY) -m tests.support.devstack up
+	@$(PY) -m testbed.devstack up
 
 .PHONY: dev-down
 dev-down: ## stop the local stack
-	@test -x $(PY) && $(PY) -m tests.support.devstack down || true
+	@test -x $(PY) && $(PY) -m testbed.devstack down || true
 
 .PHONY: clean
 clean: ## remove build outputs and caches (keeps .venv and the tool cache)

@@ -18,9 +18,9 @@ from typing import Any
 
 import psycopg
 
-from tests.support.kube import KubeAPIServer
-from tests.support.pg import PostgresServer, server_dir
-from tests.support.sidecars import REPO
+from testbed.kube import KubeAPIServer
+from testbed.pg import PostgresServer, server_dir
+from testbed.sidecars import REPO
 
 TEMPLATE = "bench_template"
 

@@ -1,7 +1,7 @@
 """A watchdog that cleans up after a benchmark run that died without cleaning up itself.
 
 Every process the harness starts dies with it (``PR_SET_PDEATHSIG``), except the PostgreSQL
-postmaster, which ``tests.support.pg`` starts in its own session so that tests can signal it.
+postmaster, which ``testbed.pg`` starts in its own session so that tests can signal it.
 This guard is started with no death signal; it waits until its parent is gone (re-parented),
 then ends the postmaster's process group and removes the run's directories.  After a normal
 run the harness cleans up first and terminates the guard.

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.support.sidecars import REPO
+from testbed.sidecars import REPO
 
 KEYS = (
     "failover_sigkill_ms",

@@ -35,7 +35,7 @@ from bench.context import Context
 from bench.env import BenchEnv
 from bench.profiles import PROFILES, Profile
 from bench.scenarios import cluster, failover, idle, lateness, operator, scale, throughput
-from tests.support.sidecars import REPO
+from testbed.sidecars import REPO
 
 RESULTS = REPO / "bench" / "results"
 SCENARIOS = (

@@ -21,14 +21,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from schedlock.store.keys import LockKey
-
 from bench import kube_client
 from bench.deliveries import DeliveryLog
 from bench.env import BenchEnv
 from bench.profiles import Profile
-from tests.support.procs import die_with_parent, terminate
-from tests.support.sidecars import REPO, ReceiverProcess, SidecarProcess
+from schedlock.store.keys import LockKey
+from testbed.procs import die_with_parent, terminate
+from testbed.sidecars import REPO, ReceiverProcess, SidecarProcess
 
 T = TypeVar("T")
 NAMESPACE = "default"

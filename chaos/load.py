@@ -20,10 +20,10 @@ from typing import Any, TextIO
 
 import aiohttp
 import psycopg
-from schedlock.store import ScheduleSpec, open_store
 
 from chaos.config import ChaosConfig
 from chaos.stack import Stack, log
+from schedlock.store import ScheduleSpec, open_store
 
 TICK = 0.5
 SP_API = "/apis/schedlock.dev/v1/namespaces/{ns}/scheduledpublishes"

@@ -33,16 +33,16 @@ import aiohttp
 import psycopg
 import yaml
 from psycopg.rows import TupleRow
-from schedlock.store import LockKey, open_store
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 
 from chaos.config import ChaosConfig
 from chaos.proxy import BlackholeProxy, ProxyGroup
-from tests.support.kube import KubeAPIServer
-from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
-from tests.support.pg import PostgresServer, replicate_from, server_dir, wait_streaming
-from tests.support.procs import die_with_parent
-from tests.support.sidecars import ReceiverProcess, SidecarProcess
+from schedlock.store import LockKey, open_store
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID
+from testbed.kube import KubeAPIServer
+from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
+from testbed.pg import PostgresServer, replicate_from, server_dir, wait_streaming
+from testbed.procs import die_with_parent
+from testbed.sidecars import ReceiverProcess, SidecarProcess
 
 DATABASE = "chaos"
 SIDECAR_ROLE = "schedlock_sidecar"

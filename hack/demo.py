@@ -4,7 +4,7 @@ Needs only Python (the project's ``.venv``): an embedded PostgreSQL is started u
 unless ``DATABASE_URL`` points at one (a role that may create the schema).  The demo
 
 1. migrates the schema (``schedlock migrate``), starts the recording app
-   (``tests.support.receiver``) and three ``schedlock sidecar`` replicas of app ``demo`` in
+   (``testbed.receiver``) and three ``schedlock sidecar`` replicas of app ``demo`` in
    namespace ``default`` (lease 5 s, heartbeat 1 s; their text logs go to ``.demo/run-*/``);
 2. creates a recurring schedule (``schedlock schedule --cron '@every 2s'``) and 30 one-shot
    publishes due every 0.5 s over 15 s (through the store API, ``upsert_publish``);
@@ -48,14 +48,15 @@ from types import FrameType
 from typing import Any
 
 import psycopg
+
 from schedlock.store import PublishSpec, open_store
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python hack/demo.py` puts hack/, not the root, on the path
     sys.path.insert(0, str(REPO))
 
-from tests.support.pg import PostgresServer, server_dir  # noqa: E402
-from tests.support.sidecars import ReceiverProcess, SidecarProcess  # noqa: E402
+from testbed.pg import PostgresServer, server_dir  # noqa: E402
+from testbed.sidecars import ReceiverProcess, SidecarProcess  # noqa: E402
 
 # --------------------------------------------------------------------------------- the plan
 

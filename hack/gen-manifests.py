@@ -6,8 +6,8 @@
 
 Generated files (committed, never edited by hand):
 
-    charts/schedlock/files/crd.yaml                    from operator/crd.py
-    charts/schedlock/files/operator-rbac-rules.yaml    from operator/rbac.py
+    charts/schedlock/files/crd.yaml                    from src/schedlock/operator/crd.py
+    charts/schedlock/files/operator-rbac-rules.yaml    from src/schedlock/operator/rbac.py
 
 The chart embeds both with `.Files.Get`: the CRD is a template behind `crds.install` (not in
 `crds/`, which Helm installs once and never upgrades), and the ClusterRole's rules are exactly
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+
 from schedlock.operator.crd import crd_manifest
 from schedlock.operator.rbac import operator_rules
 
@@ -75,13 +76,13 @@ def render_crd() -> str:
     """The ScheduledPublish CRD as committed in the chart (templates/crd.yaml embeds it)."""
     tzdata = importlib.metadata.version("tzdata")
     note = f"spec.timeZone accepts the zones of the tzdata package {tzdata}."
-    return _header("operator/crd.py", note) + _dump(crd_manifest())
+    return _header("src/schedlock/operator/crd.py", note) + _dump(crd_manifest())
 
 
 def render_rbac_rules() -> str:
     """The operator's ClusterRole rules (a YAML list; templates/rbac.yaml embeds it)."""
     note = "The rules of the operator's ClusterRole: exactly operator_rules(), nothing else."
-    return _header("operator/rbac.py", note) + _dump(operator_rules())
+    return _header("src/schedlock/operator/rbac.py", note) + _dump(operator_rules())
 
 
 # Every generated file (relative to the repository root) and the function producing it.

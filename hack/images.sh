@@ -14,7 +14,7 @@
 #   schedlock  schedlock.local/schedlock:VERSION-KEY
 #              the repo's own Dockerfile, built with `buildah bud --isolation chroot` FROM base;
 #              KEY hashes what the build context lets through (.dockerignore: Dockerfile,
-#              pyproject.toml, README.md, core/, sidecar/, operator/), the recipe and base's KEY.
+#              pyproject.toml, README.md, src/), the recipe and base's KEY.
 #   demo-app   schedlock.local/demo-app:KEY
 #              examples/demo-app/Containerfile FROM base; KEY hashes examples/demo-app/ and base's.
 # A Helm install names an image as image.repository=${ref%:*} image.tag=${ref##*:}.  The tag
@@ -115,7 +115,7 @@ key() {
   esac
 }
 
-version() { sed -n 's/^__version__ = "\(.*\)"$/\1/p' "${1:-$REPO}/core/__init__.py"; }
+version() { sed -n 's/^__version__ = "\(.*\)"$/\1/p' "${1:-$REPO}/src/schedlock/__init__.py"; }
 
 # ref NAME [ROOT], archive NAME [ROOT]: NAME's image reference and archive path.
 ref() {

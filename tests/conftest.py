@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 pytest_plugins = [
-    "tests.support.pg_fixtures",
-    "tests.support.kube_fixtures",
-    "tests.support.tool_fixtures",
-    "tests.support.cluster_fixtures",
+    "testbed.pg_fixtures",
+    "testbed.kube_fixtures",
+    "testbed.tool_fixtures",
+    "testbed.cluster_fixtures",
 ]
 
 

@@ -1,6 +1,6 @@
 """Cluster: failover and rolling update of schedlock in pods, beside the host-process figures.
 
-The same product as the cluster tests (``tests.support.incluster``): a real one-node cluster,
+The same product as the cluster tests (``testbed.incluster``): a real one-node cluster,
 the chart installed by helm with the image built from the Dockerfile, a demo app of 3 replicas
 whose pods get the sidecar from the webhook, PostgreSQL reached by a Service name.  Rows fall
 due every 100 ms while a fault happens; each delivery is forwarded by the app to a recorder on
@@ -28,8 +28,8 @@ from typing import Any
 
 from bench.context import Context
 from bench.stats import summarize
-from tests.support.cluster import Cluster
-from tests.support.incluster import (
+from testbed.cluster import Cluster
+from testbed.incluster import (
     Product,
     installed_product,
     stream_rows,

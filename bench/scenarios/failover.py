@@ -22,7 +22,7 @@ from bench.deliveries import DeliveryLog
 from bench.rows import RowStream
 from bench.stats import summarize
 from bench.systems import INSTANCES, Instance, Replica, acquired_at, hard_kill, until
-from tests.support.sidecars import SidecarProcess
+from testbed.sidecars import SidecarProcess
 
 SIGNALS = {
     "failover_sigkill_ms": signal.SIGKILL,

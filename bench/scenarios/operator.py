@@ -27,9 +27,9 @@ from bench import kube_client
 from bench.context import Context
 from bench.stats import summarize
 from bench.systems import cpu_seconds
-from tests.support.kube import KubeAPIServer
-from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
-from tests.support.sidecars import ReceiverProcess, SidecarGroup, parse_metrics
+from testbed.kube import KubeAPIServer
+from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
+from testbed.sidecars import ReceiverProcess, SidecarGroup, parse_metrics
 
 NAMESPACE = "bench-operator"
 GROUP, VERSION, PLURAL = "schedlock.dev", "v1", "scheduledpublishes"

@@ -33,14 +33,13 @@ import statistics
 import time
 from typing import Any
 
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID
-
 from bench.context import Context
 from bench.deliveries import DeliveryLog
 from bench.rows import insert_due
 from bench.stats import summarize
 from bench.systems import rss_mb, until
-from tests.support.sidecars import ReceiverProcess, SidecarProcess
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID
+from testbed.sidecars import ReceiverProcess, SidecarProcess
 
 SAMPLES = 10
 TARGET = "app"

@@ -1,5 +1,5 @@
 /* The pod sandbox's process: holds the pod's namespaces, reaps orphans, exits on SIGTERM/SIGINT.
-   Built with `gcc -static` by tests/support/oci.py; containerd runs it as its sandbox_image. */
+   Built with `gcc -static` by testbed/oci.py; containerd runs it as its sandbox_image. */
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import (
+from testbed.cluster import (
     BRIDGE,
     DNS_SERVICE_IP,
     HOST_IP,
@@ -67,7 +67,7 @@ def test_a_crashed_run_is_cleaned_up(cluster_free_host: None, tmp_path: Path) ->
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from tests.support.cluster import Cluster\n"
+        "from testbed.cluster import Cluster\n"
         "Cluster(Path(sys.argv[1])).start()\n"
         "print('ready', flush=True)\n"
         "time.sleep(3600)\n"

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from monitoring import generate
-from tests.support.checks import assert_duplicates_only_across_crash
-from tests.support.helm import CHART
-from tests.support.incluster import (
+from testbed.checks import assert_duplicates_only_across_crash
+from testbed.helm import CHART
+from testbed.incluster import (
     INJECTED_LABEL,
     Product,
     installed_product,
@@ -34,9 +34,9 @@ from tests.support.incluster import (
     verdict,
     wait_settled,
 )
-from tests.support.prometheus import Prometheus, podmonitor_scrape_config
-from tests.support.sidecars import wait_for
-from tests.support.tools import tool
+from testbed.prometheus import Prometheus, podmonitor_scrape_config
+from testbed.sidecars import wait_for
+from testbed.tools import tool
 
 CRD = "scheduledpublishes.schedlock.dev"
 OVERRIDES = {"networkPolicy.enabled": True}

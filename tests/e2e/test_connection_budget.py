@@ -23,12 +23,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID
 
-from tests.support.pg import PostgresServer
-from tests.support.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
-from tests.support.rows import insert_rows, row_states
-from tests.support.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID
+from testbed.pg import PostgresServer
+from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
+from testbed.rows import insert_rows, row_states
+from testbed.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
 
 FAST = {"SCHEDLOCK_LEASE_SECONDS": "4", "SCHEDLOCK_HEARTBEAT_SECONDS": "1"}
 KEY_LOCKS = f"""

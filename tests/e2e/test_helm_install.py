@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.helm import CHART, Helm
-from tests.support.kube import KubeAPIServer
-from tests.support.operators import OperatorProcess
-from tests.support.pg_fixtures import PostgresService
-from tests.support.sidecars import SidecarGroup, wait_for
+from testbed.helm import CHART, Helm
+from testbed.kube import KubeAPIServer
+from testbed.operators import OperatorProcess
+from testbed.pg_fixtures import PostgresService
+from testbed.sidecars import SidecarGroup, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = "scheduledpublishes.schedlock.dev"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 
-from tests.support.checks import assert_duplicates_only_across_crash
-from tests.support.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
-from tests.support.rows import insert_rows, row_states
-from tests.support.sidecars import SidecarGroup, wait_for
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID
+from testbed.checks import assert_duplicates_only_across_crash
+from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
+from testbed.rows import insert_rows, row_states
+from testbed.sidecars import SidecarGroup, wait_for
 
 LEASE = 4.0
 FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": "1"}

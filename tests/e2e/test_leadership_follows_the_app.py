@@ -15,11 +15,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from testbed.checks import assert_duplicates_only_across_crash
+from testbed.pg import free_port
+from testbed.rows import insert_rows, row_states
+from testbed.sidecars import ReceiverProcess, SidecarProcess, http_get, wait_for
 from tests.e2e.test_leadership import lock_holders
-from tests.support.checks import assert_duplicates_only_across_crash
-from tests.support.pg import free_port
-from tests.support.rows import insert_rows, row_states
-from tests.support.sidecars import ReceiverProcess, SidecarProcess, http_get, wait_for
 
 FAST = {
     "SCHEDLOCK_LEASE_SECONDS": "4",

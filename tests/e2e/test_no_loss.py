@@ -8,10 +8,10 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.checks import assert_duplicates_only_across_crash
-from tests.support.pg_fixtures import SIDECAR_ROLE, as_role
-from tests.support.rows import insert_rows, row_states
-from tests.support.sidecars import SidecarGroup, wait_for
+from testbed.checks import assert_duplicates_only_across_crash
+from testbed.pg_fixtures import SIDECAR_ROLE, as_role
+from testbed.rows import insert_rows, row_states
+from testbed.sidecars import SidecarGroup, wait_for
 
 ROWS = 2000
 KILLS = 4

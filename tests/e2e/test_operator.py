@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.kube import KubeAPIServer
-from tests.support.operators import (
+from testbed.kube import KubeAPIServer
+from testbed.operators import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
     OperatorProcess,
@@ -27,8 +27,8 @@ from tests.support.operators import (
     mutating_webhook_configuration,
     operator_stack,
 )
-from tests.support.pg_fixtures import OPERATOR_ROLE, PostgresService, as_role
-from tests.support.sidecars import wait_for
+from testbed.pg_fixtures import OPERATOR_ROLE, PostgresService, as_role
+from testbed.sidecars import wait_for
 
 NAMESPACE = "e2e-publish"
 

@@ -13,12 +13,12 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from schedlock.store import open_store
 
-from tests.support.kube import KubeAPIServer
-from tests.support.operators import OperatorProcess, install_crd, operator_kubeconfig
-from tests.support.pg_fixtures import PostgresService, as_role, with_dbname
-from tests.support.sidecars import http_get, wait_for
+from schedlock.store import open_store
+from testbed.kube import KubeAPIServer
+from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
+from testbed.pg_fixtures import PostgresService, as_role, with_dbname
+from testbed.sidecars import http_get, wait_for
 
 
 def start_operator(tmp_path: Path, kube: KubeAPIServer, url: str) -> OperatorProcess:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube import KubeAPIServer
-from tests.support.operators import OperatorStack, at, operator_stack
-from tests.support.pg_fixtures import PostgresService
-from tests.support.sidecars import wait_for
+from testbed.kube import KubeAPIServer
+from testbed.operators import OperatorStack, at, operator_stack
+from testbed.pg_fixtures import PostgresService
+from testbed.sidecars import wait_for
 
 NAMESPACE = "e2e-reassert"
 INTERVAL = 2.0

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from monitoring import dashboard, generate
-from tests.support.prometheus import Prometheus, static_scrape_config
-from tests.support.rows import insert_rows, row_states
-from tests.support.sidecars import SidecarGroup, wait_for
+from testbed.prometheus import Prometheus, static_scrape_config
+from testbed.rows import insert_rows, row_states
+from testbed.sidecars import SidecarGroup, wait_for
 
 FOR = "5s"
 FOR_SECONDS = 5.0

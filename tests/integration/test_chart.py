@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 import yaml
 from cryptography import x509
+
 from schedlock import __version__
+from schedlock.core.settings import specs
 from schedlock.operator.crd import crd_manifest
 from schedlock.operator.rbac import operator_rules
 from schedlock.operator.settings import OperatorSettings
-from schedlock.settings import specs
-
-from tests.support.tools import ToolMissing, tool
+from testbed.tools import ToolMissing, tool
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "schedlock"

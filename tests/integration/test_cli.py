@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from schedlock.settings import specs
+
+from schedlock.core.settings import specs
 from schedlock.sidecar.settings import SidecarSettings
 
 SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import (
+from testbed.cluster import (
     HOST_REGISTRY,
     Cluster,
     ClusterPrerequisiteMissing,

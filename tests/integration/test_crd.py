@@ -14,9 +14,9 @@ import subprocess
 from typing import Any
 
 import pytest
-from schedlock.operator.crd import CRD_NAME, crd_manifest
 
-from tests.support.kube import KubeAPIServer
+from schedlock.operator.crd import CRD_NAME, crd_manifest
+from testbed.kube import KubeAPIServer
 
 pytestmark = pytest.mark.integration
 

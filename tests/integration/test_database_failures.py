@@ -7,10 +7,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from schedlock.store import open_store
 
-from tests.support.pg_fixtures import PostgresService, as_role
-from tests.support.sidecars import SidecarProcess, http_get, stand_in_app_url, wait_for
+from schedlock.store import open_store
+from testbed.pg_fixtures import PostgresService, as_role
+from testbed.sidecars import SidecarProcess, http_get, stand_in_app_url, wait_for
 
 
 def sidecar_for(tmp_path: Path, url: str, name: str) -> SidecarProcess:

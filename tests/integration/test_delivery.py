@@ -14,10 +14,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from schedlock.operator.injection import InjectionConfig, inject_pod
 
-from tests.support.rows import insert_rows
-from tests.support.sidecars import SidecarGroup, wait_for
+from schedlock.operator.injection import InjectionConfig, inject_pod
+from testbed.rows import insert_rows
+from testbed.sidecars import SidecarGroup, wait_for
 
 SECRET = b"s3cret-signing-key"
 
@@ -146,8 +146,8 @@ def test_signature_verifies_with_the_documented_scheme(
 
     from aiohttp import web  # a custom app that sees the raw body
 
-    from tests.support.pg import free_port
-    from tests.support.sidecars import SidecarProcess
+    from testbed.pg import free_port
+    from testbed.sidecars import SidecarProcess
 
     port = free_port()
     seen: list[bool] = []

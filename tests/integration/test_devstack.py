@@ -1,7 +1,7 @@
 """`make dev-up` / `make dev-down`: the background dev stack starts, is usable, and leaves nothing.
 
 The stack is a real one-node cluster with the chart installed by helm and a demo app whose pods
-get the sidecar from the webhook. Each test drives `python -m tests.support.devstack` as a
+get the sidecar from the webhook. Each test drives `python -m testbed.devstack` as a
 subprocess, as make does, with its state in a private SCHEDLOCK_DEV_DIR so a developer's own
 stack in .dev/ is never touched, and with no other cluster on the host (`cluster_free_host`):
 `down` must leave no process and the host as it was.
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import SHORT_SOCKET_DIR, HostState, host_state_differences
-from tests.support.pg import pg_bindir
-from tests.support.tools import tool
+from testbed.cluster import SHORT_SOCKET_DIR, HostState, host_state_differences
+from testbed.pg import pg_bindir
+from testbed.tools import tool
 
 REPO = Path(__file__).resolve().parents[2]
 # A node, `helm install --wait`, two app pods: about a minute warm. The budget is only a guard
@@ -47,7 +47,7 @@ def devstack(dev_dir: Path, *args: str, timeout: float = 180) -> subprocess.Comp
     """Run the CLI like `make` does. capture_output also proves the detached supervisor does
     not hold our pipes: run() would wait for it otherwise."""
     return subprocess.run(
-        [sys.executable, "-m", "tests.support.devstack", *args],
+        [sys.executable, "-m", "testbed.devstack", *args],
         cwd=REPO,
         env={**os.environ, "SCHEDLOCK_DEV_DIR": str(dev_dir)},
         capture_output=True,

@@ -11,9 +11,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.pg import free_port
-from tests.support.rows import insert_rows
-from tests.support.sidecars import SidecarProcess, wait_for
+from testbed.pg import free_port
+from testbed.rows import insert_rows
+from testbed.sidecars import SidecarProcess, wait_for
 
 HUGE = 50 * 1024 * 1024  # 50 MiB: never read into memory
 

@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+
 from schedlock import __version__
 
 REPO = Path(__file__).resolve().parents[2]

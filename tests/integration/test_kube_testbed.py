@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube import KubeAPIServer
+from testbed.kube import KubeAPIServer
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.pg import PgBouncer
-from tests.support.sidecars import SidecarProcess, stand_in_app_url, wait_for
+from testbed.pg import PgBouncer
+from testbed.sidecars import SidecarProcess, stand_in_app_url, wait_for
 
 
 def run_sidecar(tmp_path: Path, url: str, name: str) -> SidecarProcess:

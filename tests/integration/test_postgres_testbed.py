@@ -7,7 +7,7 @@ import time
 
 import psycopg
 
-from tests.support.pg_fixtures import PostgresService
+from testbed.pg_fixtures import PostgresService
 
 
 def test_advisory_lock_on_one_connection_blocks_another(

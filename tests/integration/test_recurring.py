@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.sidecars import SidecarGroup, wait_for
+from testbed.sidecars import SidecarGroup, wait_for
 
 
 def add_schedule(

@@ -6,9 +6,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.support.pg import PostgresServer, free_port
-from tests.support.rows import insert_rows
-from tests.support.sidecars import (
+from testbed.pg import PostgresServer, free_port
+from testbed.rows import insert_rows
+from testbed.sidecars import (
     SidecarGroup,
     SidecarProcess,
     http_get,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sidecars import ReceiverProcess, SidecarProcess, wait_for
+from testbed.sidecars import ReceiverProcess, SidecarProcess, wait_for
 
 SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
 

@@ -16,11 +16,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
 from schedlock.store import LockKey, PublishSpec, ReadOnlyServer, open_store
 from schedlock.store.postgres import read_only_reason
-
-from tests.support.pg import PostgresServer, replicate_from, wait_streaming
-from tests.support.sidecars import (
+from testbed.pg import PostgresServer, replicate_from, wait_streaming
+from testbed.sidecars import (
     ReceiverProcess,
     SidecarProcess,
     http_get,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
 from schedlock.store import (
     Completion,
     LeadershipLost,
@@ -23,9 +24,8 @@ from schedlock.store import (
 )
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 from schedlock.store.migrations import migrations
-
-from tests.support.pg_fixtures import PostgresService
-from tests.support.sidecars import wait_for
+from testbed.pg_fixtures import PostgresService
+from testbed.sidecars import wait_for
 
 KEY = LockKey("publish", "default", "demo")
 
@@ -352,7 +352,7 @@ def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: st
 
 
 def test_runtime_roles_have_no_ddl_and_only_their_privileges(migrated_database: str) -> None:
-    from tests.support.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, as_role
+    from testbed.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, as_role
 
     for role in (SIDECAR_ROLE, OPERATOR_ROLE):
         with psycopg.connect(as_role(migrated_database, role), autocommit=True) as conn:
@@ -426,8 +426,7 @@ def test_a_pooled_store_bounds_its_sessions_and_survives_their_death(
 def test_a_pooled_store_reports_the_servers_own_refusal(migrated_database: str) -> None:
     from schedlock.store import StoreUnavailable
     from schedlock.store.postgres import PostgresStore
-
-    from tests.support.pg_fixtures import as_role
+    from testbed.pg_fixtures import as_role
 
     store = PostgresStore(as_role(migrated_database, "nobody_here"), pool_size=2)
     with pytest.raises(StoreUnavailable, match='role "nobody_here" does not exist'):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.rows import insert_rows, row_states
-from tests.support.sidecars import SidecarGroup, wait_for
+from testbed.rows import insert_rows, row_states
+from testbed.sidecars import SidecarGroup, wait_for
 
 
 def test_sidecars_only_fire_their_own_namespace(tmp_path: Path, migrated_database: str) -> None:

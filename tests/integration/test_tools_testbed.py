@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg
 import yaml
 
-from tests.support.pg import PgBouncer
-from tests.support.pg_fixtures import PostgresService
+from testbed.pg import PgBouncer
+from testbed.pg_fixtures import PostgresService
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "schedlock"
 

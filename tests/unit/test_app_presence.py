@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 import aiohttp
 import pytest
 from aiohttp import web
-from schedlock.settings import SettingError, build, check_url
+
+from schedlock.core.settings import SettingError, build, check_url
 from schedlock.sidecar.delivery import Deliverer, lost_connection
 from schedlock.sidecar.lock import KeyElector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+
 from schedlock.sidecar.lock import KeyElector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.reserve import (

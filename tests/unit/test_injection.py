@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
+
 from schedlock.cli import main
+from schedlock.core.settings import SettingError, build
 from schedlock.operator.injection import (
     CONTAINER_NAME,
     LABEL_INJECTED,
@@ -22,7 +24,6 @@ from schedlock.operator.injection import (
     wants_sidecar,
 )
 from schedlock.operator.settings import OperatorSettings
-from schedlock.settings import SettingError, build
 
 CONFIG = InjectionConfig(image="example/schedlock:1.2.3")
 SIGNING = "schedlock.dev/signing-secret"

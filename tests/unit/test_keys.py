@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID, LockKey, objid_for
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from schedlock.sidecar.metrics import GAP_BUCKETS, SidecarMetrics
 
 from monitoring import alerts, dashboard, generate
+from schedlock.sidecar.metrics import GAP_BUCKETS, SidecarMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = REPO / "docs" / "operations.md"

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+
 from schedlock.operator import mapping
 from schedlock.store import PublishRecord, PublishSpec, ScheduleRecord, ScheduleSpec
 

@@ -29,20 +29,23 @@ def test_stdlib_operator_is_not_shadowed() -> None:
         text=True,
     ).stdout
     assert "site-packages" not in out
-    assert not out.strip().startswith(str(REPO / "operator"))
+    assert not out.strip().startswith(str(REPO))
 
 
-def test_folders_map_to_namespaced_import_names() -> None:
-    core = importlib.import_module("schedlock.settings")
-    sidecar = importlib.import_module("schedlock.sidecar")
-    assert Path(core.__file__ or "").resolve().parent == REPO / "core"
-    assert Path(sidecar.__file__ or "").resolve().parent == REPO / "sidecar"
-    # operator/ is a namespace portion on purpose (see operator/README.md): no __init__.py,
-    # and every module in it is importable as schedlock.operator.<module>.
-    assert not (REPO / "operator" / "__init__.py").exists()
-    for module in sorted((REPO / "operator").glob("*.py")):
-        imported = importlib.import_module(f"schedlock.operator.{module.stem}")
-        assert Path(imported.__file__ or "").resolve() == module
+def test_import_names_are_file_paths_under_src() -> None:
+    """The one rule a newcomer needs: `schedlock.a.b` is `src/schedlock/a/b.py`."""
+    installed = sorted((REPO / "src").rglob("*.py"))
+    assert installed, "no modules under src/"
+    for path in installed:
+        if path.name == "__main__.py":  # importing it runs the CLI
+            continue
+        parts = path.relative_to(REPO / "src").with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        imported = importlib.import_module(name)
+        assert Path(imported.__file__ or "").resolve() == path, name
+    import schedlock.operator
+
+    assert schedlock.operator.__name__ == "schedlock.operator"
 
 
 def test_repo_root_on_sys_path_never_shadows_stdlib() -> None:

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
-from schedlock.scheduling import (
+
+from schedlock.core.scheduling import (
     SKIPPED_COUNT_CAP,
     AttemptResult,
     Decision,

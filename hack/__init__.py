@@ -1,0 +1,1 @@
+"""Developer scripts: the demo, manifest generation (run from the repository root)."""

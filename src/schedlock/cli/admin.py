@@ -1,0 +1,436 @@
+"""Commands for people without Kubernetes: migrate, publish, schedule, status.
+
+Each reads ``SCHEDLOCK_DATABASE_URL`` (or ``--database-url``) like every other command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from schedlock.core.scheduling import ScheduleError, parse_schedule
+from schedlock.core.settings import (
+    SettingError,
+    add_arguments,
+    build,
+    database_url,
+    dns_label,
+    integer,
+    number,
+    setting,
+    spec_of,
+)
+from schedlock.store import (
+    KeyStatus,
+    PublishSpec,
+    ScheduleSpec,
+    SchemaTooNew,
+    Store,
+    StoreError,
+    open_store,
+)
+
+T = TypeVar("T")
+
+EXIT_FAILED = 1
+_RELATIVE = re.compile(r"^(?:in\s+|\+)(\d+(?:\.\d+)?)\s*(ms|s|m|h)$")
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    database_url: str = setting(
+        env="SCHEDLOCK_DATABASE_URL",
+        help="postgresql://… or sqlite:///path",
+        default="",
+        parse=database_url,
+        unit="url",
+        secret=True,
+    )
+
+    def validate(self) -> None:
+        if not self.database_url:
+            raise SettingError(spec_of(type(self), "database_url"), "is required")
+
+
+def parse_time(raw: str, now: datetime | None = None) -> datetime:
+    """RFC 3339 (``2026-12-01T09:00:00Z``), ``now``, or relative ``+30s`` / ``in 5m``."""
+    now = now or datetime.now(UTC)
+    text = raw.strip()
+    if text == "now":
+        return now
+    match = _RELATIVE.match(text)
+    if match:
+        amount, unit = float(match.group(1)), match.group(2)
+        scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+        return now + timedelta(seconds=amount * scale)
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            "must be an RFC 3339 time like 2026-12-01T09:00:00Z, 'now', or '+30s'/'in 5m', "
+            f"got {raw!r}"
+        ) from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"needs a UTC offset or Z (e.g. {text}Z), got {raw!r}")
+    return parsed.astimezone(UTC)
+
+
+def parse_payload(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"must be a JSON object: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"schedlock {command}: error: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _arg(command: str, name: str, raw: str, parse: Callable[[str], T]) -> T:
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        print(f"schedlock {command}: error: --{name}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _with_store(
+    command: str, db: DatabaseSettings, verb: Callable[[Store], Awaitable[T]], failure: str
+) -> T | None:
+    """Run one store verb; a StoreError becomes one line on stderr (None is returned)."""
+
+    async def run() -> T | None:
+        store = open_store(db.database_url, application_name=f"schedlock-{command}")
+        try:
+            return await verb(store)
+        except SchemaTooNew as exc:
+            _fail(command, str(exc))
+        except StoreError as exc:
+            _fail(command, f"{failure}: {exc}")
+        finally:
+            await store.close()
+        return None
+
+    return asyncio.run(run())
+
+
+# -- migrate -------------------------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    db = build(DatabaseSettings, args)
+
+    async def migrate(store: Store) -> tuple[list[int], int]:
+        applied = await store.migrate()
+        if args.grant_sidecar or args.grant_operator:
+            granted = await store.grant(
+                sidecar_role=args.grant_sidecar, operator_role=args.grant_operator
+            )
+            print(f"granted runtime privileges to {', '.join(granted)}")
+        return applied, (await store.schema_status()).current
+
+    result = _with_store("migrate", db, migrate, "cannot migrate")
+    if result is None:
+        return EXIT_FAILED
+    applied, current = result
+    if applied:
+        print(f"applied migrations {', '.join(map(str, applied))}; schema at {current}")
+    else:
+        print(f"schema is current (migration {current})")
+    return 0
+
+
+# -- publish and schedule ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Common:
+    """What ``publish`` and ``schedule`` share: where, what, and the generated identity."""
+
+    target: str
+    namespace: str
+    payload: dict[str, Any]
+    deadline: int | None
+    uid: str
+    name: str
+
+
+def _common(args: argparse.Namespace, command: str) -> _Common:
+    uid = f"cli-{uuid.uuid4()}"
+    deadline = None
+    if args.deadline_seconds is not None:
+        deadline = _arg(command, "deadline-seconds", args.deadline_seconds, integer(0, 31_536_000))
+    return _Common(
+        target=_arg(command, "target", args.target, dns_label),
+        namespace=_arg(command, "namespace", args.namespace, dns_label),
+        payload=_arg(command, "payload", args.payload, parse_payload),
+        deadline=deadline,
+        uid=uid,
+        name=args.name or f"{command}-{uid[4:12]}",
+    )
+
+
+def _created(
+    command: str,
+    db: DatabaseSettings,
+    verb: Callable[[Store], Awaitable[object]],
+    shown: dict[str, Any],
+) -> int:
+    if _with_store(command, db, verb, f"cannot insert the {command}") is None:
+        return EXIT_FAILED
+    print(json.dumps(shown))
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    db = build(DatabaseSettings, args)
+    common = _common(args, "publish")
+    due_at = _arg("publish", "at", args.at, parse_time)
+    spec = PublishSpec(
+        namespace=common.namespace,
+        name=common.name,
+        uid=common.uid,
+        target=common.target,
+        due_at=due_at,
+        payload=common.payload,
+        max_attempts=_arg("publish", "max-attempts", args.max_attempts, integer(1, 100)),
+        backoff_seconds=_arg(
+            "publish", "backoff-seconds", args.backoff_seconds, number(0.01, 3600)
+        ),
+        starting_deadline_seconds=common.deadline,
+    )
+    shown = {
+        "uid": common.uid,
+        "name": common.name,
+        "namespace": common.namespace,
+        "target": common.target,
+        "dueAt": due_at.isoformat().replace("+00:00", "Z"),
+    }
+    return _created("publish", db, lambda store: store.upsert_publish(spec), shown)
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    db = build(DatabaseSettings, args)
+    common = _common(args, "schedule")
+    try:
+        parse_schedule(args.cron, args.time_zone)
+    except ScheduleError as exc:
+        print(f"schedlock schedule: error: --cron/--time-zone: {exc}", file=sys.stderr)
+        return 2
+    spec = ScheduleSpec(
+        namespace=common.namespace,
+        name=common.name,
+        uid=common.uid,
+        target=common.target,
+        expression=args.cron,
+        time_zone=args.time_zone,
+        payload=common.payload,
+        starting_deadline_seconds=common.deadline,
+    )
+    shown = {
+        "uid": common.uid,
+        "name": common.name,
+        "namespace": common.namespace,
+        "target": common.target,
+        "schedule": args.cron,
+        "timeZone": args.time_zone,
+    }
+    return _created("schedule", db, lambda store: store.upsert_schedule(spec), shown)
+
+
+# -- status --------------------------------------------------------------------------------------
+
+
+def _iso(value: datetime | None) -> str | None:
+    return (
+        None if value is None else value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def status_rows(keys: list[KeyStatus]) -> list[dict[str, Any]]:
+    return [
+        {
+            "scheduler": k.scheduler,
+            "namespace": k.namespace,
+            "target": k.target,
+            "leader": k.lock_holder,
+            "term": k.term,
+            "termHolder": k.holder,
+            "since": _iso(k.since),
+            "lastHeartbeat": _iso(k.heartbeat_at),
+            "waiting": k.waiters,
+            "standbys": list(k.standbys),
+            "reserves": list(k.reserves),
+            "backlog": k.backlog,
+            "nextDue": _iso(k.next_due),
+            "lastFire": _iso(k.last_fire),
+        }
+        for k in keys
+    ]
+
+
+def _cell(value: Any) -> str:
+    """One table cell.  Standbys are shown by name (at most ``SCHEDLOCK_STANDBYS`` per key, so
+    few); reserves by number (as many as there are replicas; ``--json`` lists their names)."""
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return str(len(value)) if len(value) > 3 else (",".join(value) or "-")
+    return str(value)
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    columns = [
+        "namespace",
+        "target",
+        "scheduler",
+        "leader",
+        "term",
+        "since",
+        "standbys",
+        "reserves",
+        "backlog",
+        "nextDue",
+        "lastFire",
+    ]
+    cells = [[_cell(len(r[c]) if c == "reserves" else r[c]) for c in columns] for r in rows]
+    header = [
+        c.upper()
+        for c in (
+            "namespace",
+            "target",
+            "scheduler",
+            "leader",
+            "term",
+            "since",
+            "standbys",
+            "reserves",
+            "backlog",
+            "next due",
+            "last fire",
+        )
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    db = build(DatabaseSettings, args)
+    keys = _with_store("status", db, lambda store: store.key_status(), "cannot read the status")
+    if keys is None:
+        return EXIT_FAILED
+    rows = status_rows(keys)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print("no lock keys yet: start a sidecar (schedlock sidecar --help)")
+    else:
+        print(render_table(rows))
+    return 0
+
+
+# -- registration --------------------------------------------------------------------------------
+
+
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    migrate = subparsers.add_parser(
+        "migrate",
+        help="create or upgrade the database schema (run with the owner role)",
+        description="Apply missing migrations, serialised by an advisory lock. Refuses a schema "
+        "newer than this binary.",
+    )
+    add_arguments(migrate, DatabaseSettings)
+    migrate.add_argument(
+        "--grant-sidecar",
+        metavar="ROLE",
+        default=None,
+        help="grant the sidecars' least privileges (no DDL) to this role",
+    )
+    migrate.add_argument(
+        "--grant-operator",
+        metavar="ROLE",
+        default=None,
+        help="grant the operator's least privileges (no DDL) to this role",
+    )
+    migrate.set_defaults(command=cmd_migrate, command_name="migrate")
+
+    publish = subparsers.add_parser(
+        "publish",
+        help="insert a one-shot publish row (no Kubernetes needed)",
+        description="Schedule one delivery to TARGET at TIME; the leading sidecar fires it.",
+    )
+    add_arguments(publish, DatabaseSettings)
+    publish.add_argument("--target", required=True, help="target (app) that receives the fire")
+    publish.add_argument(
+        "--at",
+        required=True,
+        metavar="TIME",
+        help="RFC 3339 time (2026-12-01T09:00:00Z), 'now', or relative '+30s'/'in 5m'",
+    )
+    publish.add_argument(
+        "--payload", default="{}", metavar="JSON", help="JSON object passed to the app"
+    )
+    publish.add_argument("--name", default="", help="a name for people (default generated)")
+    publish.add_argument("--namespace", default="default", help="namespace (default: default)")
+    publish.add_argument(
+        "--max-attempts", default="3", help="delivery attempts before failing (default 3)"
+    )
+    publish.add_argument(
+        "--backoff-seconds", default="1", help="first retry delay, doubling (default 1)"
+    )
+    publish.add_argument(
+        "--deadline-seconds",
+        default=None,
+        help="starting deadline: later than this after TIME it is missed, not fired",
+    )
+    publish.set_defaults(command=cmd_publish, command_name="publish")
+
+    schedule = subparsers.add_parser(
+        "schedule",
+        help="insert a recurring schedule (cron or @every)",
+        description="Fire TARGET on a schedule: 5-field cron in a time zone, @hourly-style "
+        "descriptors, or @every 2s.",
+    )
+    add_arguments(schedule, DatabaseSettings)
+    schedule.add_argument("--target", required=True, help="target (app) that receives the fires")
+    schedule.add_argument(
+        "--cron", required=True, metavar="EXPR", help="'*/5 * * * *', '@daily', '@every 2s'"
+    )
+    schedule.add_argument(
+        "--time-zone", default="UTC", help="IANA time zone for cron fields (default UTC)"
+    )
+    schedule.add_argument(
+        "--payload", default="{}", metavar="JSON", help="JSON object passed to the app"
+    )
+    schedule.add_argument("--name", default="", help="a name for people (default generated)")
+    schedule.add_argument("--namespace", default="default", help="namespace (default: default)")
+    schedule.add_argument(
+        "--deadline-seconds",
+        default=None,
+        help="starting deadline for each slot (catch-up fires only inside it)",
+    )
+    schedule.set_defaults(command=cmd_schedule, command_name="schedule")
+
+    status = subparsers.add_parser(
+        "status",
+        help="show per lock key who leads, the term, backlog, next due and last fire",
+    )
+    add_arguments(status, DatabaseSettings)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(command=cmd_status, command_name="status")

@@ -1,0 +1,181 @@
+"""The ``schedlock operator`` process: kopf handlers + the status sync, one supervised unit.
+
+HA choice: run ONE replica (Deployment with ``strategy: Recreate``) in kopf's standalone mode.
+Handlers are idempotent (upserts keyed by uid + generation), so an overlap during a rollout is
+harmless; the status sync is guarded by an advisory lock, so at most one replica posts Events.
+kopf peering would add a cluster-wide CRD and RBAC for little gain at this size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+
+import kopf
+from kopf._core.engines import peering
+
+from schedlock.core.probes import health_app, serve
+from schedlock.operator.handlers import ObjectIndex, build_registry, configure
+from schedlock.operator.reassert import Reasserter
+from schedlock.operator.settings import OperatorSettings
+from schedlock.operator.sync import StatusSync
+from schedlock.store import ReadOnlyServer, StoreError, wait_for_schema
+from schedlock.store.postgres import PostgresStore
+
+log = logging.getLogger("schedlock.operator")
+EXIT_FATAL = 1
+ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts (kopf runs 8 workers)
+
+
+class Readiness:
+    """What ``/readyz`` says: not ready (and why) until the schema is usable and kopf runs."""
+
+    def __init__(self) -> None:
+        self.reason = "starting"
+        self.kopf_ready = asyncio.Event()
+        self.schema_ok = False
+        self.read_only: str | None = None  # the last re-assertion found a read-only server
+
+    def report_schema(self, error: StoreError | None) -> None:
+        self.schema_ok = error is None
+        self.reason = str(error) if error is not None else "ok"
+
+    def report_writes(self, error: StoreError | None) -> None:
+        self.read_only = str(error) if isinstance(error, ReadOnlyServer) else None
+
+    def __call__(self) -> tuple[bool, str]:
+        if not self.schema_ok:
+            return False, f"database not ready: {self.reason}"
+        if self.read_only is not None:
+            return False, f"database not writable: {self.read_only}"
+        if not self.kopf_ready.is_set():
+            return False, "starting the Kubernetes watches"
+        return True, "ready"
+
+
+@contextlib.contextmanager
+def signals_stop(stopping: asyncio.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT end the wait for the database (kopf installs its own handlers later)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def run(settings: OperatorSettings) -> int:
+    store = PostgresStore(
+        settings.database_url, application_name=settings.holder_name, pool_size=ADMIN_POOL_SIZE
+    )
+    readiness = Readiness()
+    stopping = asyncio.Event()
+    try:
+        runner, _ = await serve(health_app(readiness), "0.0.0.0", settings.health_port)
+    except OSError as exc:
+        print(
+            f"schedlock operator: error: cannot serve /healthz on port {settings.health_port}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return EXIT_FATAL
+    try:
+        with signals_stop(stopping):
+            # Database down, not migrated, newer than this binary, missing privileges: stay up
+            # and not ready with the reason, start kopf once it is usable (no crash loop).
+            usable = await wait_for_schema(
+                store,
+                migrate=settings.migrate == "auto",
+                component="operator",
+                stopping=stopping,
+                report=readiness.report_schema,
+                log=log,
+            )
+            if not usable:
+                log.info("operator stopped before the database was ready")
+                return 0
+        return await run_kopf(store, settings, readiness, stopping)
+    finally:
+        await runner.cleanup()
+        await store.close()
+
+
+async def run_kopf(
+    store: PostgresStore,
+    settings: OperatorSettings,
+    readiness: Readiness,
+    stopping: asyncio.Event,
+) -> int:
+    kopf_settings = kopf.OperatorSettings()
+    configure(kopf_settings)
+    if settings.webhook_enabled:
+        kopf_settings.admission.server = kopf.WebhookServer(
+            addr=settings.webhook_host,
+            port=settings.webhook_port,
+            certfile=str(settings.webhook_cert_file),
+            pkeyfile=str(settings.webhook_key_file),
+        )
+    objects = ObjectIndex()
+    registry = build_registry(
+        store,
+        validate=settings.webhook_enabled,
+        injection=settings.injection if settings.webhook_enabled else None,
+        objects=objects,
+    )
+    sync = StatusSync(
+        store, None, sweep_seconds=settings.sweep_seconds, holder=settings.holder_name
+    )
+    reasserter = Reasserter(
+        store,
+        objects.objects,
+        interval=settings.reassert_seconds,
+        wanted=objects.wanted,
+        report=readiness.report_writes,
+    )
+    sync_task = asyncio.create_task(sync.run(stopping), name="status-sync")
+    reassert_task = asyncio.create_task(reasserter.run(stopping), name="reassert")
+    log.info(
+        "operator started",
+        extra={
+            "holder": settings.holder_name,
+            "namespaces": list(settings.watch_namespaces) or "all",
+            "webhook": settings.webhook_enabled,
+        },
+    )
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=kopf_settings,
+            # Named, not detected: kopf's detection calls getpass.getuser(), which raises in an
+            # image whose uid (65532) has no passwd entry — the operator's own pod.
+            identity=peering.Identity(settings.holder_name),
+            standalone=True,
+            clusterwide=not settings.watch_namespaces,
+            namespaces=settings.watch_namespaces,
+            ready_flag=readiness.kopf_ready,
+        )
+    except kopf.LoginError as exc:
+        print(f"schedlock operator: error: cannot log in to Kubernetes: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    finally:
+        stopping.set()
+        for task in (sync_task, reassert_task):
+            try:
+                await asyncio.wait_for(task, 5)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            except asyncio.CancelledError:
+                # kopf cancels what still runs in the loop when it stops: a task cancelled
+                # that way is stopped, not a failure of the shutdown.
+                if not task.cancelled():
+                    raise
+        log.info("operator stopped")
+    return 0

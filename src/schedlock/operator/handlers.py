@@ -1,0 +1,198 @@
+"""kopf handlers for ScheduledPublish: upsert rows, cancel on delete, validate on admission.
+
+The operator never fires anything: it only writes rows (keyed by the object's uid and
+generation, so replays are no-ops) and reflects outcomes back (``schedlock.operator.sync``).
+Errors are mapped on purpose: a database that is down is a ``TemporaryError`` (retried with a
+delay, bounded), a spec that cannot work is a ``PermanentError`` with a Warning Event.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from schedlock.operator import mapping
+from schedlock.operator.crd import GROUP, PLURAL, VERSION
+from schedlock.operator.injection import InjectionConfig, inject_pod, refusal
+from schedlock.operator.reassert import snapshot
+from schedlock.store import PublishSpec, Store, StoreError, StoreUnavailable
+
+RETRIES = 20
+FINALIZER = "schedlock.dev/finalizer"
+ANNOTATIONS_PREFIX = "schedlock.dev"
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf's own state lives under our prefix; kopf's log records post as Events at WARNING."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATIONS_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATIONS_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING  # our own Events go through kopf.event()
+    settings.scanning.disabled = True  # no RBAC on CRDs/namespaces needed
+    settings.execution.max_workers = 8
+    settings.batching.error_delays = [1, 2, 5, 10, 20, 30]
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 30
+
+
+class ObjectIndex:
+    """Every ScheduledPublish the watch has seen, as kopf keeps it in memory (no API call).
+
+    kopf fills the index from the initial listing and every event, and drops deleted
+    objects; the startup handler hands us the live index.  Before that it is empty.
+    """
+
+    def __init__(self) -> None:
+        self.index: kopf.Index[str, dict[str, Any]] | None = None
+
+    def objects(self) -> list[dict[str, Any]]:
+        if self.index is None:
+            return []
+        return [obj for store in list(self.index.values()) for obj in store]
+
+    def wanted(self, uid: str) -> bool:
+        """The object is still there and not being deleted."""
+        if self.index is None or uid not in self.index:
+            return False
+        return all(not (o["metadata"].get("deletionTimestamp")) for o in self.index[uid])
+
+
+def build_registry(
+    store: Store,
+    *,
+    validate: bool,
+    injection: InjectionConfig | None = None,
+    objects: ObjectIndex | None = None,
+) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, PLURAL)
+
+    if objects is not None:
+        watched = objects
+
+        @kopf.index(*resource, registry=registry, id="scheduledpublishes")
+        def index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+            return {str(body.meta["uid"]): snapshot(body)}
+
+        @kopf.on.startup(registry=registry, id="capture-index")
+        def capture(**kwargs: Any) -> None:
+            watched.index = kwargs["scheduledpublishes"]  # indices are passed by their id
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """In a pod: the mounted ServiceAccount token; elsewhere: $KUBECONFIG / ~/.kube/config."""
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    async def upsert(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
+        try:
+            spec = mapping.desired(body)
+        except mapping.InvalidSpec as exc:
+            patch.status["phase"] = "Failed"
+            patch.status["conditions"] = mapping.conditions(
+                status.get("conditions"),
+                mapping.Ready("False", "InvalidSpec", str(exc)),
+                int(body.meta.get("generation") or 1),
+                datetime.now(UTC),
+            )
+            kopf.warn(body, reason="InvalidSpec", message=str(exc))
+            raise kopf.PermanentError(str(exc)) from exc
+        try:
+            if isinstance(spec, PublishSpec):
+                result = await store.upsert_publish(spec)
+            else:
+                result = await store.upsert_schedule(spec)
+        except StoreUnavailable as exc:
+            raise kopf.TemporaryError(f"database unavailable: {exc}", delay=5) from exc
+        except StoreError as exc:
+            raise kopf.TemporaryError(f"database error: {exc}", delay=15) from exc
+        if result.id is not None and result.state in ("published", "failed", "missed"):
+            # A new generation of a row that keeps its outcome (same due time): the status
+            # still tells the truth, now about this generation (the re-assertion relies on it).
+            patch.status["observedGeneration"] = spec.generation
+            return
+        if result.id is None or result.state not in ("scheduled", "suspended", "active"):
+            return  # a replay, or a row that already fired and keeps its outcome
+        new = mapping.scheduled_status(spec, status, datetime.now(UTC))
+        for key, value in new.items():
+            patch.status[key] = value
+        if spec.suspended:
+            kopf.event(
+                body,
+                type="Normal",
+                reason="Suspended",
+                message="spec.suspend is true: it will not fire",
+            )
+        elif isinstance(spec, PublishSpec):
+            kopf.event(
+                body, type="Normal", reason="Scheduled", message=f"fires at {new['nextFireAt']}"
+            )
+        else:
+            kopf.event(
+                body,
+                type="Normal",
+                reason="Scheduled",
+                message=f"fires on {spec.expression!r} ({spec.time_zone}), next {new['nextFireAt']}",
+            )
+
+    for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        decorator(*resource, registry=registry, id="upsert", retries=RETRIES, backoff=5)(upsert)
+
+    @kopf.on.delete(*resource, registry=registry, id="cancel", retries=RETRIES, backoff=5)
+    async def cancel(body: kopf.Body, spec: kopf.Spec, **_: Any) -> None:
+        uid = str(body.meta["uid"])
+        try:
+            if spec.get("schedule"):
+                cancelled = await store.cancel_schedule(uid) >= 0
+            else:
+                cancelled = await store.cancel_publish(uid)
+        except StoreError as exc:
+            raise kopf.TemporaryError(f"cannot cancel the row: {exc}", delay=5) from exc
+        if cancelled and not spec.get("schedule"):
+            kopf.event(
+                body,
+                type="Normal",
+                reason="Cancelled",
+                message="deleted before it fired: cancelled",
+            )
+        elif spec.get("schedule"):
+            kopf.event(
+                body,
+                type="Normal",
+                reason="Cancelled",
+                message="deleted: the schedule will not fire again",
+            )
+
+    if injection is not None:
+
+        @kopf.on.mutate("", "v1", "pods", registry=registry, id="inject", operations=["CREATE"])
+        def inject(body: kopf.Body, patch: kopf.Patch, warnings: list[str], **_: Any) -> None:
+            metadata, spec = dict(body.get("metadata") or {}), dict(body.get("spec") or {})
+            problem = refusal(metadata, injection)
+            if problem is not None:
+                warnings.append(f"schedlock: {problem}")
+                return
+            changed = inject_pod(metadata, spec, injection)
+            if changed is not None:
+                patch.metadata["labels"] = changed[0]["labels"]
+                patch.spec["initContainers"] = changed[1]["initContainers"]
+                if changed[1].get("volumes") != spec.get("volumes"):
+                    patch.spec["volumes"] = changed[1]["volumes"]  # the signing secret
+
+    if validate:
+
+        @kopf.on.validate(
+            *resource, registry=registry, id="validate", operations=["CREATE", "UPDATE"]
+        )
+        def check(spec: kopf.Spec, **_: Any) -> None:
+            problems = mapping.spec_problems(dict(spec))
+            if problems:
+                raise kopf.AdmissionError("; ".join(problems), code=422)
+
+    return registry

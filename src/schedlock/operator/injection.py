@@ -1,0 +1,328 @@
+"""Sidecar injection, pure: a pod (or pod template) in, the same with the schedlock sidecar out.
+
+Used by the operator's mutating webhook (``/inject``) and by ``schedlock inject`` for people
+who do not want a webhook — one code path, so both add exactly the same container.
+
+A pod opts in with the annotation ``schedlock.dev/inject: "true"``. The target is the
+annotation ``schedlock.dev/target``, else the label ``app.kubernetes.io/name``. The sidecar is
+a Kubernetes native sidecar (an init container with ``restartPolicy: Always``): it starts
+before the app, keeps running beside it, and stops after it. Its settings come from the pod's
+own namespace: the database URL from a Secret there (``schedlock-database``/``url`` unless the
+operator is told otherwise, or the annotation ``schedlock.dev/database-secret``), the namespace
+and holder from the downward API.
+
+Signing is opt-in: the annotation ``schedlock.dev/signing-secret: NAME`` (or ``NAME/KEY``; KEY
+defaults to ``signing-secret``), else the operator's default, names a Secret in the pod's
+namespace holding the HMAC key. The sidecar alone mounts that one key read-only from a secret
+volume and reads it from ``SCHEDLOCK_SIGNING_SECRET_FILE``; the secret value never appears in
+a manifest or an annotation, only the Secret's name. An empty annotation turns the operator's
+default off for that pod. A malformed value is never half-applied: the pod is not injected and
+the reason comes back as a warning.
+
+Leadership follows the app: the sidecar competes only while its app answers a readiness check,
+by default a TCP connect to the host and port of the target URL. The annotation
+``schedlock.dev/target-ready-url`` sets another one — ``http(s)://…`` to GET (200-399 is
+ready) or ``tcp://host:port`` — and is validated like the signing annotation: a malformed value
+means no sidecar and a warning.
+
+Invariants: the input is never mutated; a pod that already has the ``schedlock`` container is
+returned unchanged (re-injection is a no-op); names the injector adds never collide with the
+pod's own.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedlock import __version__
+from schedlock.core.settings import check_url
+
+ANNOTATION_INJECT = "schedlock.dev/inject"
+ANNOTATION_TARGET = "schedlock.dev/target"
+ANNOTATION_TARGET_URL = "schedlock.dev/target-url"
+ANNOTATION_TARGET_READY_URL = "schedlock.dev/target-ready-url"
+ANNOTATION_DATABASE_SECRET = "schedlock.dev/database-secret"
+ANNOTATION_SIGNING_SECRET = "schedlock.dev/signing-secret"
+LABEL_INJECTED = "schedlock.dev/injected"
+CONTAINER_NAME = "schedlock"
+METRICS_PORT = 9090
+METRICS_PORT_NAME = "schedlock-http"  # port names are at most 15 characters
+DEFAULT_TARGET_URL = "http://127.0.0.1:8080/schedlock"
+DEFAULT_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "10m", "memory": "48Mi"},
+    "limits": {"memory": "128Mi"},
+}
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
+DEFAULT_SIGNING_SECRET_KEY = "signing-secret"
+SIGNING_VOLUME = "schedlock-signing-secret"
+SIGNING_SECRET_DIR = "/var/run/secrets/schedlock.dev/signing"
+# The file has this name whatever the Secret's key, so the sidecar's path never changes.
+SIGNING_SECRET_FILE_NAME = "signing-secret"
+SIGNING_SECRET_FILE = f"{SIGNING_SECRET_DIR}/{SIGNING_SECRET_FILE_NAME}"
+# A secret volume's files belong to root, and to the pod's fsGroup when it has one (the kubelet
+# then adds group read). The sidecar runs as 65532:65532, so without an fsGroup only "other"
+# read lets it open the file. Only the sidecar mounts the volume, so no other container sees it.
+SIGNING_FILE_MODE = 0o444
+SIGNING_FILE_MODE_WITH_FS_GROUP = 0o440
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# Used with fullmatch. A Secret key may not be "." nor start with "..", as the API server says.
+DNS_SUBDOMAIN = re.compile(rf"(?=.{{1,253}}\Z){_DNS_LABEL}(\.{_DNS_LABEL})*")
+SECRET_KEY = re.compile(r"(?=.{1,253}\Z)(?!\.\Z)(?!\.\.)[-._a-zA-Z0-9]+")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """One key of a Secret in the pod's own namespace."""
+
+    name: str
+    key: str = DEFAULT_SIGNING_SECRET_KEY
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.key}"
+
+
+def parse_signing_secret(raw: str) -> SecretRef | None:
+    """``NAME`` or ``NAME/KEY`` (KEY defaults to ``signing-secret``); blank means no signing."""
+    value = raw.strip()
+    if not value:
+        return None
+    name, slash, key = value.partition("/")
+    if not slash:
+        key = DEFAULT_SIGNING_SECRET_KEY
+    if not DNS_SUBDOMAIN.fullmatch(name):
+        raise ValueError(
+            f"must be NAME or NAME/KEY of a Secret; {name!r} is not a Secret name "
+            "(a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253)"
+        )
+    if not SECRET_KEY.fullmatch(key):
+        raise ValueError(
+            f"must be NAME or NAME/KEY of a Secret; {key!r} is not a Secret key "
+            "(letters, digits, '-', '_' and '.', at most 253)"
+        )
+    return SecretRef(name, key)
+
+
+@dataclass(frozen=True)
+class InjectionConfig:
+    image: str = f"ghcr.io/schedlock/schedlock:{__version__}"
+    database_secret: str = "schedlock-database"
+    database_secret_key: str = "url"
+    lease_seconds: float = 10.0
+    resources: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_RESOURCES))
+    signing_secret: SecretRef | None = None
+    """Signs the deliveries of every injected pod unless the pod's annotation says otherwise."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    inject: bool
+    reason: str
+    target: str | None = None
+    signing_secret: SecretRef | None = None
+
+
+def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = None) -> Decision:
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    if str(annotations.get(ANNOTATION_INJECT, "")).lower() != "true":
+        return Decision(False, f'no {ANNOTATION_INJECT}: "true" annotation')
+    target = annotations.get(ANNOTATION_TARGET) or labels.get("app.kubernetes.io/name")
+    if not target:
+        return Decision(
+            False,
+            f"{ANNOTATION_INJECT} is set but the pod has neither a {ANNOTATION_TARGET} "
+            "annotation nor an app.kubernetes.io/name label to name its target: not injected",
+        )
+    signing = config.signing_secret if config is not None else None
+    if ANNOTATION_SIGNING_SECRET in annotations:
+        try:
+            signing = parse_signing_secret(str(annotations[ANNOTATION_SIGNING_SECRET]))
+        except ValueError as exc:
+            return Decision(False, f"{ANNOTATION_SIGNING_SECRET} {exc}: not injected")
+    if ready_url(annotations):
+        try:
+            check_url(ready_url(annotations))
+        except ValueError as exc:
+            return Decision(False, f"{ANNOTATION_TARGET_READY_URL} {exc}: not injected")
+    return Decision(True, "opted in", str(target), signing)
+
+
+def ready_url(annotations: Mapping[str, Any]) -> str:
+    """The readiness check the pod asks for; blank means the sidecar's default."""
+    return str(annotations.get(ANNOTATION_TARGET_READY_URL) or "").strip()
+
+
+def refusal(metadata: Mapping[str, Any], config: InjectionConfig) -> str | None:
+    """Why a pod that asks for the sidecar gets none (None: it gets one, or it did not ask).
+
+    The webhook returns it as an admission warning and ``schedlock inject`` prints it. Any value
+    of the inject annotation but "false" counts as asking, so a typo ("yes") is reported.
+    """
+    asked = str((metadata.get("annotations") or {}).get(ANNOTATION_INJECT, "false"))
+    if asked.lower() in ("", "false"):
+        return None
+    decision = wants_sidecar(metadata, config)
+    return None if decision.inject else decision.reason
+
+
+def restricted_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def sidecar_container(
+    config: InjectionConfig, target: str, annotations: Mapping[str, Any]
+) -> dict[str, Any]:
+    secret = annotations.get(ANNOTATION_DATABASE_SECRET) or config.database_secret
+
+    def probe(path: str, **timing: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": METRICS_PORT_NAME}, **timing}
+
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": config.image,
+        "args": ["sidecar"],
+        "restartPolicy": "Always",
+        "env": [
+            {
+                "name": "SCHEDLOCK_DATABASE_URL",
+                "valueFrom": {"secretKeyRef": {"name": secret, "key": config.database_secret_key}},
+            },
+            {
+                "name": "SCHEDLOCK_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+            {"name": "SCHEDLOCK_HOLDER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "SCHEDLOCK_TARGET", "value": target},
+            {
+                "name": "SCHEDLOCK_TARGET_URL",
+                "value": str(annotations.get(ANNOTATION_TARGET_URL) or DEFAULT_TARGET_URL),
+            },
+            {"name": "SCHEDLOCK_HTTP_PORT", "value": str(METRICS_PORT)},
+            {"name": "SCHEDLOCK_LEASE_SECONDS", "value": f"{config.lease_seconds:g}"},
+            {"name": "SCHEDLOCK_HEARTBEAT_SECONDS", "value": f"{config.lease_seconds / 3.5:.2g}"},
+            {"name": "SCHEDLOCK_MIGRATE", "value": "off"},
+            {"name": "SCHEDLOCK_LOG_FORMAT", "value": "json"},
+        ],
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "startupProbe": probe("/healthz", periodSeconds=1, failureThreshold=60),
+        "livenessProbe": probe("/healthz", periodSeconds=10, failureThreshold=3),
+        "readinessProbe": probe("/readyz", periodSeconds=5, failureThreshold=2),
+        "resources": copy.deepcopy(config.resources),
+        "securityContext": restricted_security_context(),
+    }
+    if ready_url(annotations):
+        container["env"].append(
+            {"name": "SCHEDLOCK_TARGET_READY_URL", "value": ready_url(annotations)}
+        )
+    return container
+
+
+def signing_volume(secret: SecretRef, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A secret volume with only the signing key, named apart from the pod's own volumes."""
+    taken = {v.get("name") for v in spec.get("volumes") or []}
+    candidates = itertools.chain(
+        [SIGNING_VOLUME], (f"{SIGNING_VOLUME}-{n}" for n in itertools.count(2))
+    )
+    name = next(c for c in candidates if c not in taken)
+    has_fs_group = (spec.get("securityContext") or {}).get("fsGroup") is not None
+    return {
+        "name": name,
+        "secret": {
+            "secretName": secret.name,
+            "items": [{"key": secret.key, "path": SIGNING_SECRET_FILE_NAME}],
+            "defaultMode": SIGNING_FILE_MODE_WITH_FS_GROUP if has_fs_group else SIGNING_FILE_MODE,
+        },
+    }
+
+
+def inject_pod(
+    metadata: Mapping[str, Any], spec: Mapping[str, Any], config: InjectionConfig
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """New (metadata, spec) with the sidecar, or None when nothing is to change."""
+    decision = wants_sidecar(metadata, config)
+    if not decision.inject or decision.target is None:
+        return None
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    if any(c.get("name") == CONTAINER_NAME for c in containers):
+        return None  # already injected (idempotent)
+    new_spec = copy.deepcopy(dict(spec))
+    sidecar = sidecar_container(config, decision.target, metadata.get("annotations") or {})
+    if decision.signing_secret is not None:
+        volume = signing_volume(decision.signing_secret, new_spec)
+        new_spec["volumes"] = [*(new_spec.get("volumes") or []), volume]
+        sidecar["volumeMounts"] = [
+            {"name": volume["name"], "mountPath": SIGNING_SECRET_DIR, "readOnly": True}
+        ]
+        sidecar["env"].append(
+            {"name": "SCHEDLOCK_SIGNING_SECRET_FILE", "value": SIGNING_SECRET_FILE}
+        )
+    new_spec["initContainers"] = [*(new_spec.get("initContainers") or []), sidecar]
+    new_meta = copy.deepcopy(dict(metadata))
+    new_meta["labels"] = {**(new_meta.get("labels") or {}), LABEL_INJECTED: "true"}
+    return new_meta, new_spec
+
+
+def inject_manifest(
+    obj: dict[str, Any], config: InjectionConfig, warnings: list[str] | None = None
+) -> dict[str, Any]:
+    """A Pod or a workload (its pod template) with the sidecar added where it opts in.
+
+    A pod template that asks for the sidecar but cannot have it adds ``Kind/name: reason`` to
+    ``warnings``.
+    """
+    kind = obj.get("kind")
+
+    def inject(
+        metadata: Mapping[str, Any], spec: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        problem = refusal(metadata, config)
+        if problem is not None and warnings is not None:
+            warnings.append(f"{kind}/{(obj.get('metadata') or {}).get('name')}: {problem}")
+        return inject_pod(metadata, spec, config)
+
+    if kind == "Pod":
+        changed = inject(obj.get("metadata") or {}, obj.get("spec") or {})
+        if changed:
+            obj = {**obj, "metadata": changed[0], "spec": changed[1]}
+        return obj
+    template_path: tuple[str, ...] | None = None
+    if kind in WORKLOAD_KINDS:
+        template_path = ("spec", "template")
+    elif kind == "CronJob":
+        template_path = ("spec", "jobTemplate", "spec", "template")
+    if template_path is None:
+        return obj
+    result = copy.deepcopy(obj)
+    holder: dict[str, Any] = result
+    for key in template_path:
+        holder = holder.setdefault(key, {})
+    changed = inject(holder.get("metadata") or {}, holder.get("spec") or {})
+    if changed:
+        holder["metadata"], holder["spec"] = changed
+    return result
+
+
+def parse_resources(raw: str) -> dict[str, Any]:
+    """``SCHEDLOCK_SIDECAR_RESOURCES``: a JSON object like the container ``resources`` field."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"must be a JSON object of requests/limits: {exc.msg}") from None
+    if not isinstance(value, dict) or not set(value) <= {"requests", "limits"}:
+        raise ValueError('must be a JSON object like {"requests": {"cpu": "10m"}, "limits": {...}}')
+    return value

@@ -1,0 +1,111 @@
+"""The few Kubernetes API calls the status sync makes, through the official client in threads.
+
+kopf talks to the API for the handlers; the sync runs outside any handler, so it patches
+``/status`` and posts Events itself — as the same ServiceAccount, with the same RBAC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from schedlock.operator.crd import GROUP, KIND, PLURAL, VERSION
+
+log = logging.getLogger("schedlock.operator.kube")
+COMPONENT = "schedlock-operator"
+
+
+class KubeError(Exception):
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _api_client() -> client.ApiClient:
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+class Kube:
+    def __init__(self) -> None:
+        api = _api_client()
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        def call() -> dict[str, Any] | None:
+            try:
+                obj = cast(
+                    "dict[str, Any]",
+                    self.custom.get_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, name
+                    ),
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise KubeError(f"get {namespace}/{name}: {exc.reason}", exc.status) from exc
+            return obj
+
+        return await asyncio.to_thread(call)
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        def call() -> None:
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, namespace, PLURAL, name, {"status": status}
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise KubeError(
+                    f"patch status {namespace}/{name}: {exc.reason}", exc.status
+                ) from exc
+
+        await asyncio.to_thread(call)
+
+    async def post_event(
+        self, obj: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        meta = obj["metadata"]
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{meta['name']}.", namespace=meta["namespace"]
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}",
+                kind=KIND,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta["uid"],
+                resource_version=meta.get("resourceVersion"),
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            source=client.V1EventSource(component=COMPONENT),
+            reporting_component=COMPONENT,
+            reporting_instance=COMPONENT,
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+
+        def call() -> None:
+            try:
+                self.core.create_namespaced_event(meta["namespace"], event)
+            except ApiException as exc:
+                log.warning(
+                    "could not post an event", extra={"reason": reason, "error": exc.reason}
+                )
+
+        await asyncio.to_thread(call)

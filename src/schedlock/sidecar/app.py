@@ -1,0 +1,214 @@
+"""The ``schedlock sidecar`` process: settings -> database -> one elector per lock key.
+
+Tasks are supervised in one TaskGroup; SIGTERM/SIGINT start a staged shutdown (stop claiming,
+finish or abandon in-flight deliveries within the grace, unlock, exit 0).  A database that is
+down at start — or unreachable, refusing the credentials, lacking privileges, or migrated by a
+newer schedlock — is retried with backoff while /readyz says why: no crash loop, recovery
+without a restart.  Errors that make running unsafe (a transaction-mode pooler, a lock key
+collision) end the process with one line on stderr and exit status 1.
+
+The app's readiness check runs from the start, whatever the database does: an elector competes
+only while the app is reachable (``schedlock.sidecar.target``), and ``/readyz`` is 503 while it
+is not — see docs/architecture.md "Leadership follows the app" for why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import signal
+import sys
+
+from schedlock.core import logs
+from schedlock.core.probes import serve
+from schedlock.core.settings import add_arguments, build
+from schedlock.sidecar.delivery import Deliverer
+from schedlock.sidecar.firing import Firer, FiringOptions
+from schedlock.sidecar.http import build_app
+from schedlock.sidecar.lock import FATAL, KeyElector, first_leaf
+from schedlock.sidecar.metrics import SidecarMetrics
+from schedlock.sidecar.settings import SidecarSettings
+from schedlock.sidecar.target import TargetWatch, Thresholds, derive_check
+from schedlock.store import (
+    LockKey,
+    SchemaNotCurrent,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+    wait_for_schema,
+)
+
+log = logging.getLogger("schedlock.sidecar")
+EXIT_FATAL = 1
+
+
+class Sidecar:
+    def __init__(self, settings: SidecarSettings, metrics: SidecarMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or SidecarMetrics()
+        self.store: Store = open_store(settings.database_url, application_name=settings.holder_name)
+        self.stopping = asyncio.Event()
+        self.electors: list[KeyElector] = []
+        self.schema_ok = False
+        self.not_ready_reason = "starting"
+        self.http_port: int | None = None
+        self.app = TargetWatch(
+            derive_check(settings.target_url, settings.target_ready_url),
+            interval=settings.target_check_seconds,
+            timeout=settings.target_check_timeout,
+            thresholds=Thresholds(
+                failures=settings.target_failure_threshold,
+                successes=settings.target_success_threshold,
+            ),
+            metrics=self.metrics,
+        )
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.schema_ok:
+            return False, f"database not ready: {self.not_ready_reason}"
+        if not self.app.up:
+            return False, (
+                f"target unreachable ({self.app.check.url}): {self.app.reason}; "
+                "not competing for leadership, its rows wait"
+            )
+        down = [e for e in self.electors if not e.settled]
+        if down:
+            why = "; ".join(f"{e.key}: {e.last_error or 'connecting'}" for e in down)
+            return False, f"lock sessions not connected: {why}"
+        refused = [e for e in self.electors if e.refused]
+        if refused:
+            # Ready all the same: the pod's readiness gates the app's traffic, and a database
+            # out of slots is no reason to take the app out of service.  This replica holds no
+            # session and backs off; the leader and standbys keep theirs.
+            why = "; ".join(f"{e.key}: {e.refused}" for e in refused)
+            return True, f"ok, as a reserve backing off (database out of connection slots): {why}"
+        return True, "ok"
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        runner, self.http_port = await serve(
+            build_app(self.metrics.registry, self.readiness),
+            self.settings.http_host,
+            self.settings.http_port,
+        )
+        log.info(
+            "sidecar started",
+            extra={
+                "holder": self.settings.holder_name,
+                "namespace": self.settings.namespace,
+                "target": self.settings.target,
+                "dialect": self.store.dialect,
+                "http_port": self.http_port,
+                "lease_seconds": self.settings.lease_seconds,
+                "target_check": self.app.check.url,
+            },
+        )
+        checking = asyncio.create_task(self._check_app(), name="target-check")
+        try:
+            usable = await wait_for_schema(
+                self.store,
+                migrate=self.settings.migrate == "auto",
+                component="sidecar",
+                stopping=self.stopping,
+                report=self._report_schema,
+                log=log,
+                fatal=FATAL,
+            )
+            if not usable:
+                return 0
+            return await self._run_electors()
+        except FATAL as exc:
+            log.error("cannot run safely, exiting", extra={"error": str(exc)})
+            print(f"schedlock sidecar: error: {exc}", file=sys.stderr)
+            return EXIT_FATAL
+        finally:
+            checking.cancel()
+            await asyncio.gather(checking, return_exceptions=True)
+            await runner.cleanup()
+            await self.store.close()
+
+    async def _check_app(self) -> None:
+        async with self.app:
+            await self.app.run(self.stopping)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("shutting down", extra={"signal": sig.name})
+        self.stopping.set()
+
+    def _report_schema(self, error: StoreError | None) -> None:
+        if error is None:
+            self.schema_ok = True
+            self.metrics.database_up.set(1)
+            return
+        self.not_ready_reason = str(error)
+        if isinstance(error, (StoreUnavailable, SchemaNotCurrent)):
+            self.metrics.database_up.set(0)
+
+    async def _run_electors(self) -> int:
+        s = self.settings
+        poll = min(s.poll_seconds, 1.0) if self.store.dialect == "sqlite" else s.poll_seconds
+        options = FiringOptions(
+            batch_size=s.batch_size,
+            concurrency=s.concurrency,
+            poll_seconds=poll,
+            shutdown_grace_seconds=s.shutdown_grace_seconds,
+        )
+        async with Deliverer(
+            s.target_url,
+            timeout_seconds=s.request_timeout_seconds,
+            concurrency=s.concurrency * len(s.scheduler_names),
+            signing_secret=s.signing_secret(),
+            holder=s.holder_name,
+        ) as deliverer:
+            firer = Firer(
+                self.store, deliverer, self.metrics, options, app=self.app, rng=random.Random()
+            )
+            self.electors = [
+                KeyElector(
+                    self.store,
+                    LockKey(scheduler, s.namespace, s.target),
+                    holder=s.holder_name,
+                    lease_seconds=s.lease_seconds,
+                    heartbeat_seconds=s.heartbeat_seconds,
+                    step_down_after=s.step_down_after,
+                    metrics=self.metrics,
+                    work=firer,
+                    app=self.app,
+                    standbys=s.standbys,
+                    reserve_check_seconds=s.reserve_check_seconds,
+                )
+                for scheduler in s.scheduler_names
+            ]
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for elector in self.electors:
+                        group.create_task(elector.run(self.stopping), name=f"elector:{elector.key}")
+            except BaseExceptionGroup as group:
+                raise first_leaf(group) from None
+        log.info("sidecar stopped")
+        return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "sidecar",
+        help="run the lock-guarded scheduler loops next to an app container",
+        description=(
+            "Compete with the other replicas of this app for the lock of each scheduler key "
+            "(publish, recurring) x namespace x target; the leader claims due rows and POSTs "
+            "them to the app. Every flag can also be set by its SCHEDLOCK_* variable."
+        ),
+    )
+    add_arguments(parser, SidecarSettings)
+    parser.set_defaults(command=command, command_name="sidecar")
+
+
+def command(args: argparse.Namespace) -> int:
+    settings = build(SidecarSettings, args)
+    logs.configure(settings.log_level, settings.log_format)
+    return asyncio.run(Sidecar(settings).run())

@@ -1,0 +1,158 @@
+"""Delivery of one fire to the app: an HTTP POST on localhost, bounded in time and memory.
+
+Request: ``POST <target-url>`` with a JSON body (id, uid, namespace, name, target, scheduledAt,
+attempt, term, holder, payload) and the headers
+
+* ``Idempotency-Key`` — stable per row and scheduled time, identical on every retry and
+  re-fire, so the app can drop duplicates;
+* ``X-Schedlock-Term`` and ``X-Schedlock-Attempt``;
+* ``X-Schedlock-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`` when a
+  signing secret is configured.
+
+The response body is read up to 4 KiB (for the error text), a large success body is never read
+(the connection is dropped instead of reused), redirects are not followed and the whole call is
+bounded by the request timeout, so a hostile or broken app costs bounded time and memory.
+Classification into success / retryable / permanent is pure (``schedlock.core.scheduling.classify``).
+
+A call that got no HTTP answer because the connection could not be made or was cut (refused,
+reset, closed before the status line) is flagged ``connection_lost``: the app may be gone, which
+``schedlock.sidecar.target`` confirms before the row's attempt is counted.  A timeout is not:
+the app accepted the request and is slow, which is the app's answer as far as retries go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from schedlock import __version__
+from schedlock.core.scheduling import AttemptResult, idempotency_key
+from schedlock.store import FireRow
+
+MAX_ERROR_BODY = 4096
+MAX_REUSED_BODY = 64 * 1024
+SIGNATURE_HEADER = "X-Schedlock-Signature"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery's result, and whether it failed for want of a connection to the app."""
+
+    attempt: AttemptResult
+    connection_lost: bool = False
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """True when ``exc`` means no connection to the app (not a slow or a wrong answer)."""
+    # A timeout (aiohttp's ServerTimeoutError included) is a slow app; a TLS failure is an app
+    # that answered the handshake.  Both keep the ordinary retry semantics.
+    if isinstance(exc, (TimeoutError, aiohttp.ClientSSLError)):
+        return False
+    return isinstance(
+        exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, ConnectionError)
+    )
+
+
+def body_for(row: FireRow, term: int, holder: str) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "uid": row.uid,
+        "namespace": row.namespace,
+        "name": row.name,
+        "target": row.target,
+        "scheduledAt": row.due_at.isoformat().replace("+00:00", "Z"),
+        "attempt": row.attempt,
+        "term": term,
+        "holder": holder,
+        "payload": row.payload,
+    }
+
+
+def sign(secret: bytes, timestamp: int, body: bytes) -> str:
+    """The signature header value; apps verify it the same way (see docs/architecture.md)."""
+    mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+class Deliverer:
+    """One aiohttp session per sidecar process, connection pool bounded by the concurrency."""
+
+    def __init__(
+        self,
+        target_url: str,
+        *,
+        timeout_seconds: float,
+        concurrency: int,
+        signing_secret: bytes | None = None,
+        holder: str = "",
+    ) -> None:
+        self.target_url = target_url
+        self.timeout_seconds = timeout_seconds
+        self.concurrency = concurrency
+        self.signing_secret = signing_secret
+        self.holder = holder
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Deliverer:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.concurrency, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
+            headers={"User-Agent": f"schedlock/{__version__}"},
+            auto_decompress=False,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def deliver(self, row: FireRow, term: int) -> Delivery:
+        if self._session is None:
+            raise RuntimeError("Deliverer used outside its context")
+        body = json.dumps(body_for(row, term, self.holder), separators=(",", ":")).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": idempotency_key(row.uid, row.due_at),
+            "X-Schedlock-Term": str(term),
+            "X-Schedlock-Attempt": str(row.attempt),
+        }
+        if self.signing_secret:
+            headers[SIGNATURE_HEADER] = sign(self.signing_secret, int(time.time()), body)
+        try:
+            async with self._session.post(
+                self.target_url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                if 200 <= response.status < 300:
+                    # Keep the connection for a small body; never read a big one (drop it).
+                    length = response.content_length
+                    if length is not None and length <= MAX_REUSED_BODY:
+                        await response.release()
+                    else:
+                        response.close()
+                    return Delivery(AttemptResult(status=response.status, error=None))
+                snippet = await response.content.read(MAX_ERROR_BODY)
+                text = snippet.decode("utf-8", "replace").strip().splitlines()
+                detail = f": {text[0][:200]}" if text else ""
+                return Delivery(
+                    AttemptResult(
+                        status=response.status, error=f"HTTP {response.status} from app{detail}"
+                    )
+                )
+        except TimeoutError:
+            return Delivery(
+                AttemptResult(status=None, error=f"timeout after {self.timeout_seconds:g}s")
+            )
+        except aiohttp.ClientConnectorError as exc:
+            error = f"cannot connect to app: {exc.os_error}"
+            return Delivery(AttemptResult(status=None, error=error), lost_connection(exc))
+        except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            return Delivery(AttemptResult(status=None, error=error), lost_connection(exc))

@@ -1,0 +1,350 @@
+"""The leader's work for one key: wake up, claim due rows, deliver them, record outcomes.
+
+Wake-ups: a timer to the earliest due row (computed on the database clock), NOTIFY on
+``schedlock_rows`` when any writer makes a row due-able (LISTEN rides on the lock session: no
+session of its own), and a slow safety poll.  Claims come
+in batches no larger than the free delivery slots; deliveries run concurrently up to the bound;
+outcomes are written back in batches — all on the lock session, all fenced by the term.
+
+Leadership follows the app (``schedlock.sidecar.target``): a row is sent only while the app is
+reachable, and a delivery that lost its connection is checked against the app at once.  When
+the app is gone, such rows go back to ``scheduled`` with their attempt not counted (they were
+not sent, or their connection was cut by the app going away) and the term ends, so the elector
+hands the lock over; rows whose request was still in flight are finished within the grace or
+left ``firing`` for the next term to adopt with the same idempotency key.
+
+The ``recurring`` scheduler first turns due cron slots into rows (at most one per schedule per
+wake-up, never a burst after downtime), then claims and fires them exactly like one-shot rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from schedlock.core.scheduling import (
+    Outcome,
+    ScheduleError,
+    decide,
+    is_past_deadline,
+    parse_schedule,
+    plan_recurring,
+)
+from schedlock.sidecar.delivery import Deliverer
+from schedlock.sidecar.lock import Leadership
+from schedlock.sidecar.metrics import SidecarMetrics
+from schedlock.sidecar.target import TargetWatch
+from schedlock.store import ROWS_CHANNEL, Completion, FireRow, LeadershipLost, Store, StoreError
+
+log = logging.getLogger("schedlock.firing")
+
+BAD_SCHEDULE_RETRY = timedelta(hours=1)
+SCHEDULES_PER_WAKE = 100
+
+
+@dataclass(frozen=True)
+class FiringOptions:
+    batch_size: int
+    concurrency: int
+    poll_seconds: float
+    shutdown_grace_seconds: float
+
+
+class Firer:
+    """``LeaderWork`` for one key: called by the elector each time this replica leads."""
+
+    def __init__(
+        self,
+        store: Store,
+        deliverer: Deliverer,
+        metrics: SidecarMetrics,
+        options: FiringOptions,
+        *,
+        app: TargetWatch,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.deliverer = deliverer
+        self.app = app
+        self.metrics = metrics
+        self.options = options
+        self.rng = rng or random.Random()
+
+    async def __call__(self, leadership: Leadership, stopping: asyncio.Event) -> None:
+        await _Term(self, leadership, stopping).run()
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class _Term:
+    """State of one leadership term: in-flight deliveries, pending outcomes, wake-ups."""
+
+    def __init__(self, firer: Firer, leadership: Leadership, stopping: asyncio.Event) -> None:
+        self.firer = firer
+        self.opts = firer.options
+        self.leadership = leadership
+        self.session = leadership.session
+        self.key = leadership.key
+        self.term = leadership.term
+        self.stopping = stopping
+        self.labels = (self.key.scheduler, self.key.namespace, self.key.target)
+        self.inflight: set[asyncio.Task[None]] = set()
+        self.pending: list[Completion] = []
+        self.flush = asyncio.Event()
+        self.flush_lock = asyncio.Lock()  # a batch being written is never cut in half
+        self.wake = asyncio.Event()
+        self.slot_freed = asyncio.Event()
+        self.clock_offset = timedelta(0)  # database clock minus local clock, from the last claim
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        listener = asyncio.create_task(self._listen(), name=f"listen:{self.key}")
+        completer = asyncio.create_task(self._complete_loop(), name=f"complete:{self.key}")
+        for task in (listener, completer):
+            # If this term is cancelled mid-cleanup (the heartbeat lost the lease), an error of
+            # a helper task is already accounted for: never "exception was never retrieved".
+            task.add_done_callback(_retrieve)
+        graceful = False
+        try:
+            # No waiting for the listener before the first claim: it wakes the loop once it
+            # listens, which re-claims and so covers anything that became due meanwhile.
+            await self._loop(completer)
+            graceful = True
+        finally:
+            listener.cancel()
+            await self._drain(graceful)
+            if graceful:
+                async with self.flush_lock:
+                    completer.cancel()
+            else:
+                completer.cancel()
+            await asyncio.gather(listener, completer, return_exceptions=True)
+        if graceful:
+            await self._flush_now()
+
+    async def _drain(self, graceful: bool) -> None:
+        """Let in-flight deliveries finish within the grace (graceful stop), else abandon them.
+
+        An abandoned row stays ``firing``; the next term adopts it and fires it again with the
+        same idempotency key — the one case of at-least-once delivery.
+        """
+        if graceful and self.inflight:
+            await asyncio.wait(set(self.inflight), timeout=self.opts.shutdown_grace_seconds)
+        for task in list(self.inflight):
+            task.cancel()
+        if self.inflight:
+            await asyncio.gather(*self.inflight, return_exceptions=True)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    async def _loop(self, completer: asyncio.Task[None]) -> None:
+        self._dispatch(await self.session.adopt_orphans(self.term))
+        while not self.stopping.is_set():
+            if completer.done():
+                completer.result()  # re-raise LeadershipLost from the outcome writer
+            if not self.leadership.lease_ok():
+                raise LeadershipLost("lease could not be confirmed: stepping down")
+            wait = self.opts.poll_seconds
+            if self.key.scheduler == "recurring":
+                wait = min(wait, await self._materialize())
+            free = self.opts.concurrency - len(self.inflight)
+            limit = min(self.opts.batch_size, free)
+            self.wake.clear()
+            self.slot_freed.clear()
+            claim = await self.session.claim_due(self.term, limit)
+            self._dispatch(claim.rows)
+            self.firer.metrics.last_tick.labels(*self.labels).set_to_current_time()
+            if limit > 0 and len(claim.rows) == limit:
+                continue  # more may be due right now
+            if limit == 0:
+                await self._sleep(wait, self.slot_freed)
+                continue
+            if claim.next_due_in is not None:
+                wait = min(wait, max(claim.next_due_in, 0.0005 if not claim.rows else 0.0))
+            await self._sleep(wait, self.wake)
+
+    async def _sleep(self, seconds: float, event: asyncio.Event) -> None:
+        if seconds <= 0:
+            return
+        waiters = {
+            asyncio.ensure_future(event.wait()),
+            asyncio.ensure_future(self.stopping.wait()),
+        }
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _listen(self) -> None:
+        """NOTIFY wake-ups on the lock session itself (no session of their own); a failure
+        only costs latency (the timers and the poll still run)."""
+        wanted = f"{self.key.scheduler}/{self.key.namespace}/{self.key.target}"
+
+        def on_payload(payload: str) -> None:
+            if payload == wanted:
+                self.wake.set()
+
+        try:
+            await self.session.listen(ROWS_CHANNEL, on_payload)
+        except StoreError as exc:
+            log.warning(
+                "listen failed, relying on timers",
+                extra={"key": str(self.key), "error": str(exc)},
+            )
+        # Listening from now on: claim again, for rows that became due before LISTEN.
+        self.wake.set()
+
+    # -- recurring --------------------------------------------------------------------------------
+
+    async def _materialize(self) -> float:
+        """Turn due cron slots into rows; return seconds until the next slot of any schedule."""
+        for due in await self.session.due_schedules(SCHEDULES_PER_WAKE):
+            try:
+                schedule = parse_schedule(due.expression, due.time_zone)
+            except ScheduleError as exc:
+                log.error(
+                    "schedule cannot be parsed, retrying in an hour",
+                    extra={"uid": due.uid, "schedule": due.name, "error": str(exc)},
+                )
+                await self.session.advance_schedule(
+                    self.term,
+                    due.id,
+                    watermark_at=due.watermark_at or due.db_now,
+                    next_slot_at=due.db_now + BAD_SCHEDULE_RETRY,
+                    fired_slot_at=None,
+                )
+                continue
+            plan = plan_recurring(
+                schedule, due.watermark_at, due.db_now, due.starting_deadline_seconds
+            )
+            if plan.fire is not None:
+                slot_uid = f"{due.uid}@{plan.fire.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
+                await self.session.insert_slot(self.term, due.id, slot_uid, plan.fire)
+            if plan.skipped:
+                log.warning(
+                    "skipped recurring slots after downtime",
+                    extra={"uid": due.uid, "schedule": due.name, "skipped": plan.skipped},
+                )
+            await self.session.advance_schedule(
+                self.term,
+                due.id,
+                watermark_at=due.db_now,
+                next_slot_at=plan.next_slot,
+                fired_slot_at=plan.fire,
+            )
+        next_slot = await self.session.next_slot_in()
+        return self.opts.poll_seconds if next_slot is None else max(next_slot, 0.0)
+
+    # -- deliveries -------------------------------------------------------------------------------
+
+    def _db_now(self) -> datetime:
+        return datetime.now(UTC) + self.clock_offset
+
+    def _dispatch(self, rows: list[FireRow]) -> None:
+        if rows:
+            self.clock_offset = rows[0].db_now - datetime.now(UTC)
+        for row in rows:
+            task = asyncio.create_task(self._fire(row), name=f"fire:{row.id}")
+            self.inflight.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        self.slot_freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("delivery task crashed", exc_info=task.exception())
+
+    async def _fire(self, row: FireRow) -> None:
+        metrics = self.firer.metrics
+        if not self.leadership.lease_ok():
+            return  # abandoned: stays 'firing', the next term re-fires it with the same key
+        now = self._db_now()
+        if not row.orphan and is_past_deadline(row.due_at, row.starting_deadline_seconds, now):
+            late = (now - row.due_at).total_seconds()
+            self._record(
+                Completion(
+                    row.id,
+                    Outcome.MISSED.value,
+                    error=f"starting deadline of {row.starting_deadline_seconds}s passed "
+                    f"({late:.1f}s late) before it could fire",
+                    sent=False,
+                )
+            )
+            metrics.fires.labels(*self.labels, Outcome.MISSED.value).inc()
+            return
+        if not self.firer.app.up:
+            self._return_unsent(row, f"not sent: app unreachable ({self.firer.app.reason})")
+            return
+        metrics.lateness.labels(*self.labels).observe(max(0.0, (now - row.due_at).total_seconds()))
+        delivery = await self.firer.deliverer.deliver(row, self.term)
+        result = delivery.attempt
+        app = self.firer.app
+        if app.worth_confirming(
+            connection_lost=delivery.connection_lost, status=result.status
+        ) and not await app.confirm(f"delivery failed: {result.error}"):
+            self._return_unsent(row, f"{result.error}; app unreachable, attempt not counted")
+            return
+        decision = decide(
+            result,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            backoff_seconds=row.backoff_seconds,
+            due_at=row.due_at,
+            starting_deadline=row.starting_deadline_seconds,
+            now=self._db_now(),
+            rng=self.firer.rng,
+        )
+        self._record(
+            Completion(
+                row.id,
+                decision.outcome.value,
+                next_attempt_at=decision.next_attempt_at,
+                status=result.status,
+                error=decision.error,
+            )
+        )
+        metrics.fires.labels(*self.labels, decision.outcome.value).inc()
+        if decision.outcome is not Outcome.PUBLISHED:
+            log.info(
+                "delivery not published",
+                extra={
+                    "key": str(self.key),
+                    "uid": row.uid,
+                    "attempt": row.attempt,
+                    "outcome": decision.outcome.value,
+                    "error": decision.error,
+                },
+            )
+
+    def _return_unsent(self, row: FireRow, error: str) -> None:
+        """Back to ``scheduled``, due as it was, its attempt not counted: the app was away."""
+        self._record(Completion(row.id, Outcome.RETRY.value, error=error, sent=False))
+        log.info(
+            "row returned, app unreachable",
+            extra={"event": "row_returned", "key": str(self.key), "uid": row.uid},
+        )
+
+    def _record(self, completion: Completion) -> None:
+        self.pending.append(completion)
+        self.flush.set()
+
+    async def _complete_loop(self) -> None:
+        while True:
+            await self.flush.wait()
+            self.flush.clear()
+            await self._flush_now()
+
+    async def _flush_now(self) -> None:
+        async with self.flush_lock:
+            if not self.pending:
+                return
+            batch, self.pending = self.pending, []
+            await self.session.complete(self.term, batch)

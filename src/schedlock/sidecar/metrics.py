@@ -1,0 +1,135 @@
+"""Prometheus metrics on an explicit registry (tests read it; nothing global is touched).
+
+Labels are bounded: ``scheduler`` (publish|recurring), ``namespace`` and ``target`` of the
+lock key, ``outcome`` and ``role`` from fixed sets.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from schedlock import __version__
+
+KEY_LABELS = ("scheduler", "namespace", "target")
+OUTCOMES = ("published", "retry", "failed", "missed")
+ROLES = ("leader", "standby", "reserve")
+
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+GAP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120)
+
+
+class SidecarMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.leader = Gauge(
+            "schedlock_leader",
+            "1 while this replica holds the lock of the key (scheduler, namespace, target), "
+            "else 0.",
+            KEY_LABELS,
+            registry=r,
+        )
+        self.transitions = Counter(
+            "schedlock_leadership_transitions_total",
+            "Leadership changes of this replica, by direction: acquired, lost (session died or "
+            "stepped down) or released (graceful hand-over).",
+            (*KEY_LABELS, "direction"),
+            registry=r,
+        )
+        self.handover_gap = Histogram(
+            "schedlock_handover_gap_seconds",
+            "Leaderless time measured at takeover: from the previous term's last heartbeat "
+            "(or release) to this term's start, on the database clock.",
+            KEY_LABELS,
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.lateness = Histogram(
+            "schedlock_fire_lateness_seconds",
+            "Time from a row's due time to the moment its request was sent to the app.",
+            KEY_LABELS,
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.fires = Counter(
+            "schedlock_fires_total",
+            "Delivery outcomes: published (2xx), retry (scheduled again), failed, missed "
+            "(past its starting deadline).",
+            (*KEY_LABELS, "outcome"),
+            registry=r,
+        )
+        self.backlog = Gauge(
+            "schedlock_due_backlog",
+            "Rows of the key that are due and not finished, as seen by the leader at its "
+            "last heartbeat (0 on followers).",
+            KEY_LABELS,
+            registry=r,
+        )
+        self.oldest_due_age = Gauge(
+            "schedlock_oldest_due_age_seconds",
+            "Age of the oldest due, unfinished row of the key at the leader's last heartbeat.",
+            KEY_LABELS,
+            registry=r,
+        )
+        self.last_tick = Gauge(
+            "schedlock_last_tick_timestamp_seconds",
+            "Unix time of the leader's last successful loop iteration or heartbeat for the key.",
+            KEY_LABELS,
+            registry=r,
+        )
+        self.term = Gauge(
+            "schedlock_term",
+            "Leadership term this replica holds for the key (0 while following).",
+            KEY_LABELS,
+            registry=r,
+        )
+        self.database_up = Gauge(
+            "schedlock_database_up",
+            "1 when the sidecar's database sessions are connected, else 0.",
+            registry=r,
+        )
+        self.sessions = Gauge(
+            "schedlock_database_sessions",
+            "Database sessions this sidecar holds open for its lock keys right now: one per key "
+            "it leads or stands by for, plus a reserve's check while it lasts.",
+            registry=r,
+        )
+        self.role = Gauge(
+            "schedlock_role",
+            "1 for this replica's role for the key: leader (holds the lock), standby (waits for "
+            "it on its own session) or reserve (no session, checks now and then for a free "
+            "standby place); all 0 while it does not compete (its app is away) or reconnects.",
+            (*KEY_LABELS, "role"),
+            registry=r,
+        )
+        self.refused = Counter(
+            "schedlock_database_connections_refused_total",
+            "Connections the database refused for lack of slots (too many clients, reserved "
+            "slots) or that would have used a reserved slot; the sidecar backs off with jitter.",
+            registry=r,
+        )
+        self.target_up = Gauge(
+            "schedlock_target_up",
+            "1 while the app answers the sidecar's readiness check of it (the sidecar then "
+            "competes for leadership), else 0 (it holds no lock and fires nothing).",
+            registry=r,
+        )
+        self.build = Info("schedlock_build", "Build information.", registry=r)
+        self.build.info({"version": __version__})
+
+    def init_key(self, scheduler: str, namespace: str, target: str) -> None:
+        """Export every series of a key from the start, so absent means a dead exporter."""
+        labels = (scheduler, namespace, target)
+        self.leader.labels(*labels).set(0)
+        self.term.labels(*labels).set(0)
+        self.backlog.labels(*labels).set(0)
+        self.oldest_due_age.labels(*labels).set(0)
+        self.handover_gap.labels(*labels)
+        self.lateness.labels(*labels)
+        self.last_tick.labels(*labels)
+        for role in ROLES:
+            self.role.labels(*labels, role).set(0)
+        for direction in ("acquired", "lost", "released"):
+            self.transitions.labels(*labels, direction)
+        for outcome in OUTCOMES:
+            self.fires.labels(*labels, outcome)

@@ -1,0 +1,259 @@
+"""Is the app there?  The readiness check of the target, which leadership follows.
+
+In a pod the native sidecar starts before the app listens and stops after the app exited (an
+app draining on SIGTERM may refuse connections first).  A leader whose app is gone would claim
+rows and burn their attempts against a closed port while another replica's app is healthy, so
+a sidecar competes for and holds leadership only while its own app can take fires
+(DESIGN.md "Leadership follows the app"; the states are in ``schedlock.sidecar.lock``).
+
+The check (``SCHEDLOCK_TARGET_READY_URL``):
+
+* ``tcp://host:port`` — connect and close.  The default, derived from the hook URL's host and
+  port: it is exactly what fails when the app exits or closes its listener, it needs no
+  endpoint in the app, and it never sends the app a request (the hook takes POSTs only).
+* ``http(s)://…`` — GET; 200-399 is reachable (the kubelet's rule), anything else, a timeout or
+  a connection error is not.  For apps with a readiness endpoint that goes 503 while draining.
+
+Reachable means the app answers; only *no answer* counts against it.  An HTTP answer to a
+delivery (5xx, 408, 429, other 4xx) is a live app and keeps the row's retry/fail semantics —
+with one exception for apps that say when they cannot take work: with an ``http(s)`` check, a
+delivery answered 503 is confirmed by the check like a lost connection, so an app draining on
+SIGTERM (503 to new work, readiness 503) hands leadership over at once instead of delaying its
+rows by their retries for the whole drain.
+
+Invariants:
+
+* Hysteresis (pure, :class:`Health`): the state changes only after ``failure_threshold``
+  consecutive failed checks (reachable -> unreachable) or ``success_threshold`` consecutive
+  passing checks (unreachable -> reachable).  It starts unreachable, so a sidecar started before
+  its app holds no lock until the app answered ``success_threshold`` checks in a row.
+* A delivery that lost its connection (refused, reset, closed without an answer), or — with an
+  ``http(s)`` check — was answered 503 (:func:`worth_confirming`), is confirmed
+  by one immediate check (:meth:`TargetWatch.confirm`, shared by concurrent failures): when
+  that check fails too, the app is unreachable at once — no threshold — and the row's attempt
+  is not counted.  When the check passes, the app is there and the failure is an ordinary
+  retryable attempt, so a live app that resets one request cannot make a row retry forever.
+* Exactly one of :attr:`TargetWatch.reachable` and :attr:`TargetWatch.unreachable` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from schedlock import __version__
+from schedlock.sidecar.metrics import SidecarMetrics
+
+log = logging.getLogger("schedlock.target")
+
+EVENT_UNREACHABLE = "target_unreachable"
+EVENT_REACHABLE = "target_reachable"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class Check:
+    """What the readiness check does: connect to ``host:port``, or GET ``url``."""
+
+    kind: Literal["tcp", "http"]
+    url: str  # tcp://host:port for a connect check
+
+    @property
+    def address(self) -> tuple[str, int]:
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        return host, parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+
+
+def derive_check(target_url: str, ready_url: str) -> Check:
+    """The configured check, or by default a TCP connect to the hook URL's host and port."""
+    if ready_url:
+        kind: Literal["tcp", "http"] = "tcp" if ready_url.startswith("tcp://") else "http"
+        return Check(kind, ready_url)
+    parts = urlsplit(target_url)
+    host = parts.hostname or ""
+    port = parts.port or DEFAULT_PORTS.get(parts.scheme, 80)
+    shown = f"[{host}]" if ":" in host else host
+    return Check("tcp", f"tcp://{shown}:{port}")
+
+
+def worth_confirming(check: Check, *, connection_lost: bool, status: int | None) -> bool:
+    """Whether a failed delivery may mean the app cannot take fires at all (confirm it).
+
+    A lost connection always may.  A 503 may only when the app has a readiness endpoint to
+    ask: a draining app answers both with 503, an overloaded one only the delivery — and with
+    a TCP check there is nothing that tells the two apart, so 503 stays an ordinary retry.
+    """
+    return connection_lost or (check.kind == "http" and status == 503)
+
+
+def answer_is_ready(status: int) -> bool:
+    """An HTTP readiness answer: 200-399 is ready, as for a kubelet httpGet probe."""
+    return 200 <= status < 400
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    failures: int  # consecutive failed checks before a reachable app counts as unreachable
+    successes: int  # consecutive passing checks before an unreachable app counts as reachable
+
+
+@dataclass(frozen=True)
+class Health:
+    """The app's reachability with hysteresis: pure, one check result at a time."""
+
+    reachable: bool = False
+    streak: int = 0  # consecutive results that contradict ``reachable``
+
+    def observe(self, ok: bool, thresholds: Thresholds) -> Health:
+        if ok == self.reachable:
+            return Health(self.reachable, 0)
+        needed = thresholds.successes if ok else thresholds.failures
+        if self.streak + 1 >= needed:
+            return Health(ok, 0)
+        return Health(self.reachable, self.streak + 1)
+
+    def lost_connection(self) -> Health:
+        """A delivery lost its connection and the check right after it failed: unreachable now."""
+        return Health(False, 0)
+
+
+async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | None) -> str | None:
+    """Run the check once: None when the app is reachable, else why not (one short line)."""
+    try:
+        async with asyncio.timeout(seconds):
+            if check.kind == "tcp":
+                host, port = check.address
+                _, writer = await asyncio.open_connection(host, port)
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+                return None
+            if session is None:
+                raise RuntimeError("an HTTP check needs a client session")
+            async with session.get(check.url, allow_redirects=False) as response:
+                if answer_is_ready(response.status):
+                    return None
+                return f"GET {check.url} answered HTTP {response.status}"
+    except TimeoutError:
+        return f"{check.url} did not answer within {seconds:g}s"
+    except OSError as exc:  # refused, reset, no route; aiohttp's connection errors are OSErrors
+        return f"{check.url}: {exc.strerror or exc}"
+    except aiohttp.ClientError as exc:
+        return f"{check.url}: {type(exc).__name__}: {exc}"[:300]
+
+
+class TargetWatch:
+    """Checks the app every ``interval`` seconds and tells the electors whether it is there."""
+
+    def __init__(
+        self,
+        check: Check,
+        *,
+        interval: float,
+        timeout: float,
+        thresholds: Thresholds,
+        metrics: SidecarMetrics,
+    ) -> None:
+        self.check = check
+        self.interval = interval
+        self.timeout = timeout
+        self.thresholds = thresholds
+        self.metrics = metrics
+        self.health = Health()
+        self.reason = "not checked yet"  # why the app is unreachable (for /readyz)
+        self.reachable = asyncio.Event()
+        self.unreachable = asyncio.Event()
+        self.unreachable.set()
+        self._announced = False  # the current outage was logged
+        self._confirming: asyncio.Future[bool] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        metrics.target_up.set(0)
+
+    @property
+    def up(self) -> bool:
+        return self.health.reachable
+
+    async def __aenter__(self) -> TargetWatch:
+        if self.check.kind == "http":
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=2, force_close=True),
+                headers={"User-Agent": f"schedlock/{__version__} readiness-check"},
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Check, update, sleep — until ``stopping``.  The first check runs at once."""
+        while not stopping.is_set():
+            error = await self._probe()
+            self._apply(self.health.observe(error is None, self.thresholds), error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self.interval)
+
+    def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool:
+        return worth_confirming(self.check, connection_lost=connection_lost, status=status)
+
+    async def confirm(self, failure: str = "delivery lost its connection") -> bool:
+        """After a delivery FAILURE that may mean the app is gone: is it there?  Check at once.
+
+        A failed check makes the app unreachable now (the failed delivery was the first
+        strike); concurrent callers share one check.
+        """
+        if not self.up:
+            return False
+        if self._confirming is None:
+            self._confirming = asyncio.ensure_future(self._confirm_once(failure))
+        return await asyncio.shield(self._confirming)
+
+    async def _confirm_once(self, failure: str) -> bool:
+        try:
+            error = await self._probe()
+            if error is not None:
+                self._apply(self.health.lost_connection(), f"{failure}; {error}")
+            return error is None
+        finally:
+            self._confirming = None
+
+    async def _probe(self) -> str | None:
+        try:
+            return await probe(self.check, self.timeout, self._session)
+        except Exception as exc:  # a bug in a check must not freeze the state: count it failed
+            log.exception("readiness check crashed", extra={"check": self.check.url})
+            return f"check crashed: {type(exc).__name__}"
+
+    def _apply(self, health: Health, error: str | None) -> None:
+        before = self.health.reachable
+        self.health = health
+        if error is not None:
+            self.reason = error
+        if health.reachable and not before:
+            self.unreachable.clear()
+            self.reachable.set()
+            self.metrics.target_up.set(1)
+            self._announced = False
+            log.info(
+                "app reachable: competing for leadership",
+                extra={"event": EVENT_REACHABLE, "check": self.check.url},
+            )
+        elif not health.reachable and (before or (error is not None and not self._announced)):
+            # Said once per outage: on the way down, or at the first failed check at start.
+            self.reachable.clear()
+            self.unreachable.set()
+            self.metrics.target_up.set(0)
+            self._announced = True
+            log.log(
+                logging.WARNING if before else logging.INFO,
+                "app unreachable: not competing for leadership, its rows wait",
+                extra={"event": EVENT_UNREACHABLE, "check": self.check.url, "error": self.reason},
+            )
