@@ -54,7 +54,7 @@ makes the replica a reserve that waits for the later of its turn and a back-off 
 pod's readiness gates the app's traffic), ``schedlock_database_connections_refused_total``
 counts it; the leader and standbys keep their sessions.
 
-Invariants (DESIGN.md "Leadership"):
+Invariants (docs/architecture.md, "Leadership: the state machine"):
 
 1. One dedicated connection per held or awaited lock; the lock, its heartbeat, every row
    transition of the key and the leader's LISTEN go through it.  An unlock that returns false

@@ -4,7 +4,7 @@ In a pod the native sidecar starts before the app listens and stops after the ap
 app draining on SIGTERM may refuse connections first).  A leader whose app is gone would claim
 rows and burn their attempts against a closed port while another replica's app is healthy, so
 a sidecar competes for and holds leadership only while its own app can take fires
-(DESIGN.md "Leadership follows the app"; the states are in ``schedlock.sidecar.lock``).
+(docs/architecture.md, "Leadership follows the app"; the states are in ``schedlock.sidecar.lock``).
 
 The check (``SCHEDLOCK_TARGET_READY_URL``):
 
