@@ -38,18 +38,7 @@ from bench.scenarios import cluster, failover, idle, lateness, operator, scale, 
 from testbed.sidecars import REPO
 
 RESULTS = REPO / "bench" / "results"
-SCENARIOS = (
-    "failover_sigkill_ms",
-    "failover_sigstop_ms",
-    "handover_sigterm_ms",
-    "lateness_ms",
-    "throughput_fires_per_s",
-    "idle_queries_per_s_per_replica",
-    "operator",
-    "footprint",
-    "scale",
-    "cluster",
-)
+SCENARIOS = report.KEYS
 FAILOVER = ("failover_sigkill_ms", "failover_sigstop_ms", "handover_sigterm_ms")
 IDLE = ("idle_queries_per_s_per_replica", "footprint")
 NEEDS_KUBE = (*FAILOVER, "lateness_ms", "throughput_fires_per_s", *IDLE, "operator")

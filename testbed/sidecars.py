@@ -162,6 +162,20 @@ class SidecarProcess:
     http_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
+    @classmethod
+    def for_stand_in_app(cls, name: str, workdir: Path, url: str, **env: str) -> SidecarProcess:
+        """A sidecar of target ``demo`` whose app is there and takes nothing (it just leads)."""
+        return cls(
+            name,
+            workdir,
+            {
+                "SCHEDLOCK_DATABASE_URL": url,
+                "SCHEDLOCK_TARGET": "demo",
+                "SCHEDLOCK_TARGET_URL": stand_in_app_url(),
+                **env,
+            },
+        )
+
     @property
     def log_path(self) -> Path:
         return self.workdir / f"{self.name}.log"

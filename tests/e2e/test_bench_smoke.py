@@ -14,22 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import report
+
 REPO = Path(__file__).resolve().parents[2]
-KEYS = [
-    "machine",
-    "when",
-    "failover_sigkill_ms",
-    "failover_sigstop_ms",
-    "handover_sigterm_ms",
-    "lateness_ms",
-    "throughput_fires_per_s",
-    "idle_queries_per_s_per_replica",
-    "operator",
-    "footprint",
-    "scale",
-    "cluster",
-]
-ALL = ("schedlock", "seed_tick", "k8s_lease")
+KEYS = ["machine", "when", *report.KEYS]
+ALL = report.SYSTEMS
 DISTRIBUTIONS = {
     "failover_sigkill_ms": ALL,
     "failover_sigstop_ms": ALL,

@@ -10,20 +10,11 @@ import pytest
 
 from schedlock.store import open_store
 from testbed.pg_fixtures import PostgresService, as_role
-from testbed.sidecars import SidecarProcess, http_get, stand_in_app_url, wait_for
+from testbed.sidecars import SidecarProcess, http_get, wait_for
 
 
 def sidecar_for(tmp_path: Path, url: str, name: str) -> SidecarProcess:
-    return SidecarProcess(
-        name,
-        tmp_path,
-        {
-            "SCHEDLOCK_DATABASE_URL": url,
-            "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": stand_in_app_url(),
-            "SCHEDLOCK_MIGRATE": "off",
-        },
-    ).start()
+    return SidecarProcess.for_stand_in_app(name, tmp_path, url, SCHEDLOCK_MIGRATE="off").start()
 
 
 def not_ready_because(sidecar: SidecarProcess, words: str) -> bool:

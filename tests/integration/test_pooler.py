@@ -6,20 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.pg import PgBouncer
-from testbed.sidecars import SidecarProcess, stand_in_app_url, wait_for
+from testbed.sidecars import SidecarProcess, wait_for
 
 
 def run_sidecar(tmp_path: Path, url: str, name: str) -> SidecarProcess:
-    return SidecarProcess(
-        name,
-        tmp_path,
-        {
-            "SCHEDLOCK_DATABASE_URL": url,
-            "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": stand_in_app_url(),
-            "SCHEDLOCK_MIGRATE": "off",  # the owner migrated directly, as in production
-            "SCHEDLOCK_LOG_FORMAT": "text",
-        },
+    # the owner migrated directly, as in production
+    return SidecarProcess.for_stand_in_app(
+        name, tmp_path, url, SCHEDLOCK_MIGRATE="off", SCHEDLOCK_LOG_FORMAT="text"
     ).start()
 
 

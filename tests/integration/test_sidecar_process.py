@@ -12,7 +12,6 @@ from testbed.sidecars import (
     SidecarGroup,
     SidecarProcess,
     http_get,
-    stand_in_app_url,
     wait_for,
 )
 
@@ -71,15 +70,7 @@ def test_metrics_are_valid_and_complete(
 def test_database_down_at_start_waits_not_ready_then_recovers(tmp_path: Path) -> None:
     port = free_port()
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    sidecar = SidecarProcess(
-        "early",
-        tmp_path,
-        {
-            "SCHEDLOCK_DATABASE_URL": url,
-            "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": stand_in_app_url(),
-        },
-    ).start()
+    sidecar = SidecarProcess.for_stand_in_app("early", tmp_path, url).start()
     server = PostgresServer(tmp_path / "late-postgres", port=port)
     try:
         wait_for(lambda: http_get(sidecar.url("/healthz"))[0] == 200, timeout=15, what="/healthz")
