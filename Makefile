@@ -54,7 +54,7 @@ tools: ## build/install the pinned Kubernetes binaries, etcd, helm, CoreDNS, con
 	@bash hack/tools.sh ensure
 
 .PHONY: lint
-lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm lint, promtool
+lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm lint, generated chart schema/docs, promtool
 	@echo "==> ruff"
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
@@ -72,6 +72,8 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@"$$(bash hack/tools.sh bindir helm)/helm" lint --strict charts/schedlock
 	@echo "==> helm lint of every charts/schedlock/ci/*.yaml"
 	@for f in charts/schedlock/ci/*.yaml; do "$$(bash hack/tools.sh bindir helm)/helm" lint --strict charts/schedlock -f "$$f" >/dev/null || { echo "helm lint failed with $$f"; exit 1; }; done
+	@echo "==> values.schema.json and the values table of docs/install.md are generated from values.yaml"
+	@bash hack/gen-chart-docs.sh --check
 	@echo "==> generated manifests and monitoring are current (CRD, RBAC rules, alerts, dashboard)"
 	@$(PY) hack/gen-manifests.py --check >/dev/null
 	@$(PY) -m monitoring.generate --check >/dev/null

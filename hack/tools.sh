@@ -9,6 +9,10 @@
 #   kube-apiserver, kubectl  k8s.io/kubernetes (Go module; a wrapper module pins the staging modules)
 #   etcd                     go.etcd.io/etcd/server/v3 (Go module; a wrapper main calls etcdmain)
 #   helm                     helm.sh/helm/v3 (Go module)
+#   helm-docs                github.com/norwoodj/helm-docs (Go module): the values table of
+#                            docs/install.md, from the `# --` comments of values.yaml
+#   helm-schema              github.com/losisin/helm-values-schema-json/v2 (Go module): the
+#                            chart's values.schema.json, from the `# @schema` comments
 #   kubelet, kube-controller-manager, kube-scheduler, kube-proxy
 #                            the same k8s.io/kubernetes wrapper module as kube-apiserver
 #   coredns                  github.com/coredns/coredns (Go module): the cluster DNS
@@ -31,6 +35,8 @@ set -euo pipefail
 KUBERNETES_VERSION="v1.34.4"
 ETCD_VERSION="v3.6.5"
 HELM_VERSION="v3.19.0"
+HELM_DOCS_VERSION="v1.14.2"
+HELM_SCHEMA_VERSION="v2.2.1"
 COREDNS_VERSION="v1.14.7"
 CRITOOLS_VERSION="v1.34.0"
 PROMETHEUS_VERSION="v0.315.1"  # the Go module's version of Prometheus v3.15.1
@@ -51,6 +57,8 @@ bindir() {
         *) echo "$CACHE/kubernetes-$KUBERNETES_VERSION-$RECIPE/bin" ;;
       esac ;;
     helm) echo "$CACHE/helm-$HELM_VERSION-$RECIPE/bin" ;;
+    helm-docs) echo "$CACHE/helm-docs-$HELM_DOCS_VERSION-$RECIPE/bin" ;;
+    helm-schema) echo "$CACHE/helm-schema-$HELM_SCHEMA_VERSION-$RECIPE/bin" ;;
     kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
       echo "$CACHE/kubernetes-node-$KUBERNETES_VERSION-$RECIPE/bin" ;;
     coredns) echo "$CACHE/coredns-$COREDNS_VERSION-$RECIPE/bin" ;;
@@ -96,6 +104,45 @@ go_build() {
   mv "$out.tmp" "$out"
 }
 
+# wrapper_gomod NAME MODULE VERSION [EXTRA]: the go.mod of the wrapper module that pins MODULE.
+wrapper_gomod() {
+  printf 'module schedlock.dev/tools/%s\n\ngo 1.24\n\nrequire %s %s\n%s' "$1" "$2" "$3" "${4:+$'\n'$4}"
+}
+
+# tools_go PACKAGE...: tools.go (build tag `tools`) keeps `go mod tidy` resolving what the builds need.
+tools_go() {
+  printf '//go:build tools\n\npackage tools\n\nimport (\n'
+  printf '\t_ "%s"\n' "$@"
+  printf ')\n'
+}
+
+# go_main MAIN_BODY IMPORT...: main.go of a wrapper whose main calls into the module.
+go_main() {
+  local body="$1"; shift
+  printf 'package main\n\nimport (\n'
+  printf '\t%s\n' "$@"
+  printf ')\n\nfunc main() { %s }\n' "$body"
+}
+
+# have TOOL BINARY...: whether every BINARY is already in TOOL's cache directory.
+have() {
+  local dir; dir="$(bindir "$1")"; shift
+  local bin
+  for bin in "$@"; do [[ -x "$dir/$bin" ]] || return 1; done
+}
+
+# go_command TOOL MODULE VERSION PACKAGE LDFLAGS: one command of a Go module, built through a
+# wrapper module into TOOL's cache directory and named TOOL.
+go_command() {
+  local tool="$1" module="$2" version="$3" pkg="$4" ldflags="$5"
+  have "$tool" "$tool" && return 0
+  need_go "$tool"
+  local dir; dir="$(bindir "$tool")"
+  go_build "$dir" "$tool $version" "$(wrapper_gomod "$tool" "$module" "$version")" \
+    "tools.go:$(tools_go "$pkg")" "$ldflags" "$pkg"
+  [[ -x "$dir/$tool" ]] || mv "$dir"/* "$dir/$tool"  # the one binary go build named after PACKAGE
+}
+
 # kubernetes_build OUTDIR PACKAGE...: k8s.io/kubernetes commands from one wrapper module.
 kubernetes_build() {
   local dir="$1"; shift
@@ -112,152 +159,79 @@ mods = sorted(set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", text, 
 print("\n".join(f"replace {m} => {m} {sys.argv[2]}" for m in mods))
 EOF2
 )"
-  local gomod="module schedlock.dev/tools/kubernetes
-
-go 1.24
-
-require k8s.io/kubernetes $KUBERNETES_VERSION
-
-$replaces"
-  # tools.go (build tag `tools`) keeps `go mod tidy` resolving what the builds need.
-  local imports="" pkg
-  for pkg in "$@"; do imports+=$'\t'"_ \"$pkg\""$'\n'; done
-  local tools="//go:build tools
-
-package tools
-
-import (
-$imports)"
   # Without these the binaries report v0.0.0 and Helm's kubeVersion checks fail.
   local minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
-  local ld=""
+  local ld="" pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
-  go_build "$dir" "kubernetes $KUBERNETES_VERSION" "$gomod" "tools.go:$tools" "$ld" "$@"
+  go_build "$dir" "kubernetes $KUBERNETES_VERSION" \
+    "$(wrapper_gomod kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION" "$replaces")" \
+    "tools.go:$(tools_go "$@")" "$ld" "$@"
 }
 
 build_kubernetes() {
-  local dir; dir="$(bindir kube-apiserver)"
-  [[ -x "$dir/kube-apiserver" && -x "$dir/kubectl" ]] && return 0
-  kubernetes_build "$dir" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+  have kube-apiserver kube-apiserver kubectl && return 0
+  kubernetes_build "$(bindir kube-apiserver)" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
 }
 
 # The node's components: same module, same pins, same stamps as kube-apiserver (so the build
 # cache is shared), in a directory of their own so the API-server-only test bed stays small.
 build_kubernetes_node() {
-  local dir; dir="$(bindir kubelet)"
-  [[ -x "$dir/kubelet" && -x "$dir/kube-controller-manager" && -x "$dir/kube-scheduler" && -x "$dir/kube-proxy" ]] && return 0
-  kubernetes_build "$dir" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager \
+  have kubelet kubelet kube-controller-manager kube-scheduler kube-proxy && return 0
+  kubernetes_build "$(bindir kubelet)" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy
 }
 
 build_coredns() {
-  local dir; dir="$(bindir coredns)"
-  [[ -x "$dir/coredns" ]] && return 0
+  have coredns coredns && return 0
   need_go coredns
-  local gomod="module schedlock.dev/tools/coredns
-
-go 1.24
-
-require github.com/coredns/coredns $COREDNS_VERSION"
   # CoreDNS's own main package, with the plugin list it ships (kubernetes, forward, cache…).
-  local main='package main
-
-import (
-	_ "github.com/coredns/coredns/core/plugin"
-	"github.com/coredns/coredns/coremain"
-)
-
-func main() { coremain.Run() }'
-  go_build "$dir" "coredns $COREDNS_VERSION" "$gomod" "main.go:$main" \
+  go_build "$(bindir coredns)" "coredns $COREDNS_VERSION" \
+    "$(wrapper_gomod coredns github.com/coredns/coredns "$COREDNS_VERSION")" \
+    "main.go:$(go_main 'coremain.Run()' '_ "github.com/coredns/coredns/core/plugin"' '"github.com/coredns/coredns/coremain"')" \
     "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" .
 }
 
+build_etcd() {
+  have etcd etcd && return 0
+  need_go etcd
+  # The wrapper module is named …/etcd, so `go build .` names the binary etcd.
+  go_build "$(bindir etcd)" "etcd $ETCD_VERSION" \
+    "$(wrapper_gomod etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION")" \
+    "main.go:$(go_main 'etcdmain.Main(os.Args)' '"os"' '"go.etcd.io/etcd/server/v3/etcdmain"')" "" .
+}
+
 build_prometheus_upstream() {
-  local dir; dir="$(bindir prometheus-upstream)"
-  [[ -x "$dir/prometheus-upstream" ]] && return 0
-  need_go prometheus
-  local gomod="module schedlock.dev/tools/prometheus
-
-go 1.24
-
-require github.com/prometheus/prometheus $PROMETHEUS_VERSION"
-  local tools='//go:build tools
-
-package tools
-
-import _ "github.com/prometheus/prometheus/cmd/prometheus"'
   local ver="${PROMETHEUS_VERSION#v0.}"; ver="3.${ver#3}"
-  go_build "$dir" "prometheus $PROMETHEUS_VERSION" "$gomod" "tools.go:$tools" \
-    "-X github.com/prometheus/common/version.Version=$ver" github.com/prometheus/prometheus/cmd/prometheus
-  mv "$dir/prometheus" "$dir/prometheus-upstream"
+  go_command prometheus-upstream github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
+    github.com/prometheus/prometheus/cmd/prometheus "-X github.com/prometheus/common/version.Version=$ver"
 }
 
 build_crictl() {
-  local dir; dir="$(bindir crictl)"
-  [[ -x "$dir/crictl" ]] && return 0
-  need_go crictl
-  local gomod="module schedlock.dev/tools/crictl
-
-go 1.24
-
-require sigs.k8s.io/cri-tools $CRITOOLS_VERSION"
-  local tools='//go:build tools
-
-package tools
-
-import _ "sigs.k8s.io/cri-tools/cmd/crictl"'
-  go_build "$dir" "crictl $CRITOOLS_VERSION" "$gomod" "tools.go:$tools" \
-    "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRITOOLS_VERSION" sigs.k8s.io/cri-tools/cmd/crictl
-}
-
-build_etcd() {
-  local dir; dir="$(bindir etcd)"
-  [[ -x "$dir/etcd" ]] && return 0
-  need_go etcd
-  local gomod="module schedlock.dev/tools/etcd
-
-go 1.24
-
-require go.etcd.io/etcd/server/v3 $ETCD_VERSION"
-  local main='package main
-
-import (
-	"os"
-
-	"go.etcd.io/etcd/server/v3/etcdmain"
-)
-
-func main() { etcdmain.Main(os.Args) }'
-  go_build "$dir.etcd" "etcd $ETCD_VERSION" "$gomod" "main.go:$main" "" .
-  mkdir -p "$dir"
-  mv "$dir.etcd/etcd" "$dir/etcd" 2>/dev/null || mv "$dir.etcd/"* "$dir/etcd"
-  rm -rf "$dir.etcd"
+  go_command crictl sigs.k8s.io/cri-tools "$CRITOOLS_VERSION" sigs.k8s.io/cri-tools/cmd/crictl \
+    "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRITOOLS_VERSION"
 }
 
 build_helm() {
-  local dir; dir="$(bindir helm)"
-  [[ -x "$dir/helm" ]] && return 0
-  need_go helm
-  local gomod="module schedlock.dev/tools/helm
-
-go 1.24
-
-require helm.sh/helm/v3 $HELM_VERSION"
-  local tools='//go:build tools
-
-package tools
-
-import _ "helm.sh/helm/v3/cmd/helm"'
   # Helm's own Makefile stamps its version and the Kubernetes version it targets.
   local k8sminor="${KUBERNETES_VERSION#v1.}"; k8sminor="${k8sminor%%.*}"
-  local ld="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  local ld="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" pkg
   for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
     ld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8sminor"
   done
-  go_build "$dir" "helm $HELM_VERSION" "$gomod" "tools.go:$tools" "$ld" helm.sh/helm/v3/cmd/helm
+  go_command helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm "$ld"
+}
+
+build_helm_docs() {
+  go_command helm-docs github.com/norwoodj/helm-docs "$HELM_DOCS_VERSION" \
+    github.com/norwoodj/helm-docs/cmd/helm-docs "-X main.version=$HELM_DOCS_VERSION"
+}
+
+build_helm_schema() {
+  go_command helm-schema github.com/losisin/helm-values-schema-json/v2 "$HELM_SCHEMA_VERSION" \
+    github.com/losisin/helm-values-schema-json/v2 "-X main.Version=$HELM_SCHEMA_VERSION"
 }
 
 install_checkov() {
@@ -289,7 +263,7 @@ install_debian() {
 
 ensure() {
   local tools=("$@")
-  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm prometheus pgbouncer checkov node images)
+  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm helm-docs helm-schema prometheus pgbouncer checkov node images)
   for t in "${tools[@]}"; do
     case "$t" in
       kube-apiserver|kubectl)
@@ -301,6 +275,8 @@ ensure() {
           [[ -x "$KUBEBUILDER_ASSETS/etcd" ]] || { echo "error: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no etcd" >&2; exit 2; }
         else build_etcd; fi ;;
       helm) build_helm ;;
+      helm-docs) build_helm_docs ;;
+      helm-schema) build_helm_schema ;;
       prometheus|promtool) install_debian prometheus ;;
       pgbouncer) install_debian pgbouncer ;;
       checkov) install_checkov ;;
