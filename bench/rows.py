@@ -7,6 +7,8 @@ from typing import Any
 
 import psycopg
 
+from testbed.rows import fetch
+
 INSERT = """
 INSERT INTO schedlock_publishes (scheduler, namespace, name, uid, target, due_at, next_attempt_at,
                                  payload, max_attempts, backoff_seconds)
@@ -48,12 +50,11 @@ def insert_due(
 
 def due_times(url: str, prefix: str) -> dict[str, float]:
     """uid -> due time (epoch seconds) of the rows with this prefix."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT uid, extract(epoch FROM due_at)::float8 FROM schedlock_publishes "
-            "WHERE uid LIKE %s",
-            (prefix + "-%",),
-        ).fetchall()
+    rows = fetch(
+        url,
+        "SELECT uid, extract(epoch FROM due_at)::float8 FROM schedlock_publishes WHERE uid LIKE %s",
+        prefix + "-%",
+    )
     return {str(uid): float(due) for uid, due in rows}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import platform
 import shutil
@@ -106,22 +107,20 @@ async def _scenarios(ctx: Context, only: list[str], errors: list[str]) -> None:
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             ctx.say(f"{name} FAILED:\n{traceback.format_exc()}")
 
-    wanted = [s for s in FAILOVER if s in only]
-    if wanted:
-        await guarded("failover", lambda: failover.run(ctx, wanted))
-    if "lateness_ms" in only:
-        await guarded("lateness", lambda: lateness.run(ctx))
-    if "throughput_fires_per_s" in only:
-        await guarded("throughput", lambda: throughput.run(ctx))
-    wanted = [s for s in IDLE if s in only]
-    if wanted:
-        await guarded("idle", lambda: idle.run(ctx, wanted))
-    if "operator" in only:
-        await guarded("operator", lambda: operator.run(ctx))
-    if "scale" in only:
-        await guarded("scale", lambda: scale.run(ctx))
-    if "cluster" in only:
-        await guarded("cluster", lambda: cluster.run(ctx))
+    # Scenario families in the order they run; each gets the keys of it that were asked for.
+    families: list[tuple[str, tuple[str, ...], Callable[[list[str]], Awaitable[None] | None]]] = [
+        ("failover", FAILOVER, lambda keys: failover.run(ctx, keys)),
+        ("lateness", ("lateness_ms",), lambda _: lateness.run(ctx)),
+        ("throughput", ("throughput_fires_per_s",), lambda _: throughput.run(ctx)),
+        ("idle", IDLE, lambda keys: idle.run(ctx, keys)),
+        ("operator", ("operator",), lambda _: operator.run(ctx)),
+        ("scale", ("scale",), lambda _: scale.run(ctx)),
+        ("cluster", ("cluster",), lambda _: cluster.run(ctx)),
+    ]
+    for family, keys, start in families:
+        wanted = [key for key in keys if key in only]
+        if wanted:
+            await guarded(family, functools.partial(start, wanted))
 
 
 def run(

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -25,9 +24,11 @@ from bench import kube_client
 from bench.deliveries import DeliveryLog
 from bench.env import BenchEnv
 from bench.profiles import Profile
+from schedlock.core.identities import parse_rfc3339
+from schedlock.core.logs import Event, records
 from schedlock.store.keys import LockKey
-from testbed.procs import die_with_parent, terminate
-from testbed.sidecars import REPO, ReceiverProcess, SidecarProcess
+from testbed.procs import NamedProcess, die_with_parent, terminate
+from testbed.sidecars import REPO, Deadline, ReceiverProcess, SidecarProcess
 
 T = TypeVar("T")
 NAMESPACE = "default"
@@ -41,14 +42,11 @@ async def until(
     what: str = "condition",
 ) -> T:
     """Poll ``predicate`` without blocking the event loop; its first truthy value, or raise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+    deadline = Deadline(timeout, what)
+    while not (value := predicate()):
+        deadline.check()
         await asyncio.sleep(interval)
+    return value
 
 
 async def together(*calls: Awaitable[None]) -> None:
@@ -126,27 +124,21 @@ def postgres_cpu_seconds(postmaster: int) -> float:
 
 
 def acquired_at(log_path: Path, key: str, after: float) -> float | None:
-    """When a sidecar logged "acquired leadership" of ``key`` (epoch s), first after ``after``."""
+    """When a sidecar logged ``leadership_acquired`` of ``key`` (epoch s), first after ``after``."""
     try:
-        lines = log_path.read_text(errors="replace").splitlines()
+        text = log_path.read_text(errors="replace")
     except OSError:
         return None
-    for line in lines:
-        if '"acquired leadership"' not in line:
-            continue
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
+    for entry in records(text, Event.LEADERSHIP_ACQUIRED):
         if entry.get("key") != key:
             continue
-        at = datetime.fromisoformat(entry["ts"]).timestamp()
+        at = parse_rfc3339(entry["ts"]).timestamp()
         if at >= after:
             return at
     return None
 
 
-class Worker:
+class Worker(NamedProcess):
     """A baseline replica: ``python -m bench.baselines.<module>`` with a status file."""
 
     def __init__(self, name: str, module: str, args: list[str], workdir: Path) -> None:
@@ -159,15 +151,6 @@ class Worker:
     @property
     def status_path(self) -> Path:
         return self.workdir / f"{self.name}.status.json"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"{self.name}.log"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
 
     def start(self) -> Worker:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -249,6 +232,19 @@ class Instance:
 
     def next_name(self) -> str:
         return f"{self.short}-{self.label}-{next(self._seq)}".replace("_", "-")[:60]
+
+    def baseline_args(self, name: str) -> list[str]:
+        """The flags every baseline worker (bench/baselines/) takes: where, what, for whom."""
+        return [
+            "--database-url",
+            self.replica_url(name),
+            "--target-url",
+            self.receiver.url,
+            "--namespace",
+            self.namespace,
+            "--target",
+            self.target,
+        ]
 
     def replica_url(self, name: str) -> str:
         return self.env.url(self.dbname, role=name if self.role_per_replica else None)
@@ -368,14 +364,7 @@ class SeedTickInstance(Instance):
     def spawn(self) -> Replica:
         name = self.next_name()
         args = [
-            "--database-url",
-            self.replica_url(name),
-            "--target-url",
-            self.receiver.url,
-            "--namespace",
-            self.namespace,
-            "--target",
-            self.target,
+            *self.baseline_args(name),
             "--tick-seconds",
             f"{self.timings.seed_tick_s:g}",
             "--batch",
@@ -412,14 +401,7 @@ class K8sLeaseInstance(Instance):
         name = self.next_name()
         t = self.timings
         args = [
-            "--database-url",
-            self.replica_url(name),
-            "--target-url",
-            self.receiver.url,
-            "--namespace",
-            self.namespace,
-            "--target",
-            self.target,
+            *self.baseline_args(name),
             "--kubeconfig",
             str(self.kubeconfig),
             "--lease-name",

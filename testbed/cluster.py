@@ -53,8 +53,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import yaml
 
@@ -69,6 +68,7 @@ from testbed.kube import (
     spawn_process,
 )
 from testbed.oci import Image, coredns_image, pause_image
+from testbed.procs import StartStop
 
 __all__ = [
     "BRIDGE",
@@ -716,7 +716,7 @@ class _Timings:
     stop: float | None = None
 
 
-class Cluster:
+class Cluster(StartStop):
     """A single-node Kubernetes cluster on this host; see the module docstring.
 
     Usage::
@@ -805,18 +805,10 @@ class Cluster:
             and all(c.proc is not None and c.proc.poll() is None for c in self._components.values())
         )
 
-    def kubectl(
-        self,
-        *args: str,
-        kubeconfig: Path | None = None,
-        input: str | None = None,
-        check: bool = True,
-        timeout: float = 120,
-    ) -> subprocess.CompletedProcess[str]:
-        """The pinned kubectl, as admin unless KUBECONFIG is given."""
-        return self.api.kubectl(
-            *args, kubeconfig=kubeconfig, input=input, check=check, timeout=timeout
-        )
+    @property
+    def kubectl(self) -> Callable[..., subprocess.CompletedProcess[str]]:
+        """The pinned kubectl, as admin unless ``kubeconfig=`` is given (``KubeAPIServer.kubectl``)."""
+        return self.api.kubectl
 
     def apply(
         self, manifest: KubeManifest, kubeconfig: Path | None = None, *, check: bool = True
@@ -893,18 +885,6 @@ class Cluster:
         state_file.unlink(missing_ok=True)
         _drop_registry(workdir)
         return True
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ----------------------------------------------------------------- host claim
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime as dt
-import ipaddress
 import json
 import os
 import shutil
@@ -38,16 +36,27 @@ from base64 import b64encode
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from testbed.procs import die_with_parent
+from testbed.certs import (
+    ca_extensions,
+    general_name,
+    issue,
+    leaf_extensions,
+    new_ec_key,
+    pem_cert,
+    pem_key,
+    write_private,
+    x509_name,
+)
+from testbed.procs import StartStop, die_with_parent
+from testbed.tools import ToolMissing, tool_dir
 
 __all__ = [
     "KubeAPIServer",
@@ -89,19 +98,11 @@ class KubectlError(subprocess.CalledProcessError):
 
 
 def resolve_tool_dir(tool: str) -> Path:
-    """Ask hack/tools.sh where TOOL lives, so KUBEBUILDER_ASSETS and the pinned versions apply."""
-    result = subprocess.run(
-        ["bash", str(REPO_ROOT / "hack" / "tools.sh"), "bindir", tool],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0 or not result.stdout.strip():
-        raise KubeToolsMissingError(
-            f"hack/tools.sh bindir {tool} failed ({result.returncode}): {result.stderr.strip()}"
-        )
-    return Path(result.stdout.strip())
+    """Where hack/tools.sh puts TOOL, so KUBEBUILDER_ASSETS and the pinned versions apply."""
+    try:
+        return tool_dir(tool)
+    except ToolMissing as exc:
+        raise KubeToolsMissingError(str(exc)) from exc
 
 
 def _binary(explicit: Path | None, tool: str) -> Path:
@@ -135,116 +136,29 @@ class _Pki:
     kubelet_client_key: Path
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _pem_cert(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _write_private(path: Path, data: bytes) -> Path:
-    """Write key material readable by the owner only (kube tools warn about looser modes)."""
-    path.touch(mode=0o600, exist_ok=True)
-    path.write_bytes(data)
-    return path
-
-
-def _issue(
-    subject: x509.Name,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
-    extensions: list[tuple[x509.ExtensionType, bool]],
-) -> x509.Certificate:
-    """Sign a certificate; issuer None means self-signed. Backdated an hour against clock skew."""
-    issuer_name, issuer_key = issuer if issuer is not None else (subject, key)
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=365))
-    )
-    for extension, critical in extensions:
-        builder = builder.add_extension(extension, critical=critical)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _name(common_name: str, organization: str | None = None) -> x509.Name:
-    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-    if organization is not None:
-        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
-    return x509.Name(attributes)
-
-
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=not ca,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=ca,
-        crl_sign=ca,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def _leaf_extensions(usage: x509.ObjectIdentifier) -> list[tuple[x509.ExtensionType, bool]]:
-    return [
-        (x509.BasicConstraints(ca=False, path_length=None), True),
-        (_key_usage(ca=False), True),
-        (x509.ExtendedKeyUsage([usage]), False),
-    ]
-
-
-def _new_ec_key() -> ec.EllipticCurvePrivateKey:
-    """EC P-256: generated in microseconds, where RSA takes tens of milliseconds per key."""
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _general_name(host: str) -> x509.GeneralName:
-    try:
-        return x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        return x509.DNSName(host)
-
-
 def _generate_pki(certdir: Path, extra_sans: Sequence[str] = ()) -> _Pki:
     """Create the CA, serving, admin and kubelet-client certs and the service-account keys."""
     certdir.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_name = _new_ec_key(), _name("schedlock-testbed-ca")
-    ca_extensions: list[tuple[x509.ExtensionType, bool]] = [
-        (x509.BasicConstraints(ca=True, path_length=0), True),
-        (_key_usage(ca=True), True),
-    ]
-    ca_cert = _issue(ca_name, ca_key, None, ca_extensions)
+    ca_key, ca_name = new_ec_key(), x509_name("schedlock-testbed-ca")
+    ca_cert = issue(ca_name, ca_key, None, ca_extensions())
     ca = (ca_name, ca_key)
 
-    serving_key = _new_ec_key()
+    serving_key = new_ec_key()
     sans = x509.SubjectAlternativeName(
-        [_general_name(host) for host in dict.fromkeys(["localhost", "127.0.0.1", *extra_sans])]
+        [general_name(host) for host in dict.fromkeys(["localhost", "127.0.0.1", *extra_sans])]
     )
-    serving_extensions = [*_leaf_extensions(ExtendedKeyUsageOID.SERVER_AUTH), (sans, False)]
-    serving_cert = _issue(_name("kube-apiserver"), serving_key, ca, serving_extensions)
+    serving_extensions = [*leaf_extensions(ExtendedKeyUsageOID.SERVER_AUTH), (sans, False)]
+    serving_cert = issue(x509_name("kube-apiserver"), serving_key, ca, serving_extensions)
 
     # O=system:masters is what makes this client cluster-admin regardless of RBAC objects.
-    admin_key = _new_ec_key()
-    admin_extensions = _leaf_extensions(ExtendedKeyUsageOID.CLIENT_AUTH)
-    admin_cert = _issue(_name("admin", "system:masters"), admin_key, ca, admin_extensions)
+    admin_key = new_ec_key()
+    admin_extensions = leaf_extensions(ExtendedKeyUsageOID.CLIENT_AUTH)
+    admin_cert = issue(x509_name("admin", "system:masters"), admin_key, ca, admin_extensions)
 
     # What the API server presents to kubelets (exec, logs, port-forward), as kubeadm does.
-    kubelet_client_key = _new_ec_key()
-    kubelet_client_cert = _issue(
-        _name("kube-apiserver-kubelet-client", "system:masters"),
+    kubelet_client_key = new_ec_key()
+    kubelet_client_cert = issue(
+        x509_name("kube-apiserver-kubelet-client", "system:masters"),
         kubelet_client_key,
         ca,
         admin_extensions,
@@ -256,19 +170,19 @@ def _generate_pki(certdir: Path, extra_sans: Sequence[str] = ()) -> _Pki:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     return _Pki(
-        ca_cert=_write_private(certdir / "ca.crt", _pem_cert(ca_cert)),
-        ca_key=_write_private(certdir / "ca.key", _pem_key(ca_key)),
-        serving_cert=_write_private(certdir / "apiserver.crt", _pem_cert(serving_cert)),
-        serving_key=_write_private(certdir / "apiserver.key", _pem_key(serving_key)),
-        admin_cert=_write_private(certdir / "admin.crt", _pem_cert(admin_cert)),
-        admin_key=_write_private(certdir / "admin.key", _pem_key(admin_key)),
-        sa_public_key=_write_private(certdir / "sa.pub", sa_public),
-        sa_private_key=_write_private(certdir / "sa.key", _pem_key(sa_key)),
-        kubelet_client_cert=_write_private(
-            certdir / "apiserver-kubelet-client.crt", _pem_cert(kubelet_client_cert)
+        ca_cert=write_private(certdir / "ca.crt", pem_cert(ca_cert)),
+        ca_key=write_private(certdir / "ca.key", pem_key(ca_key)),
+        serving_cert=write_private(certdir / "apiserver.crt", pem_cert(serving_cert)),
+        serving_key=write_private(certdir / "apiserver.key", pem_key(serving_key)),
+        admin_cert=write_private(certdir / "admin.crt", pem_cert(admin_cert)),
+        admin_key=write_private(certdir / "admin.key", pem_key(admin_key)),
+        sa_public_key=write_private(certdir / "sa.pub", sa_public),
+        sa_private_key=write_private(certdir / "sa.key", pem_key(sa_key)),
+        kubelet_client_cert=write_private(
+            certdir / "apiserver-kubelet-client.crt", pem_cert(kubelet_client_cert)
         ),
-        kubelet_client_key=_write_private(
-            certdir / "apiserver-kubelet-client.key", _pem_key(kubelet_client_key)
+        kubelet_client_key=write_private(
+            certdir / "apiserver-kubelet-client.key", pem_key(kubelet_client_key)
         ),
     )
 
@@ -354,7 +268,7 @@ def _stop_all_at_exit() -> None:
 # --------------------------------------------------------------------------- the server
 
 
-class KubeAPIServer:
+class KubeAPIServer(StartStop):
     """etcd + kube-apiserver with RBAC, an admin kubeconfig and per-ServiceAccount kubeconfigs.
 
     Usage::
@@ -505,18 +419,6 @@ class KubeAPIServer:
             _stop_process(self._etcd)
             self._etcd = None
         _RUNNING.discard(self)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ----------------------------------------------------------------- process plumbing
 
@@ -670,7 +572,7 @@ class KubeAPIServer:
 
     def _write_kubeconfig(self, path: Path, config: dict[str, Any]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return _write_private(path, yaml.safe_dump(config, sort_keys=False).encode())
+        return write_private(path, yaml.safe_dump(config, sort_keys=False).encode())
 
     def _write_admin_kubeconfig(self) -> None:
         pki = self._require_pki()
@@ -691,16 +593,16 @@ class KubeAPIServer:
         them. Returns the (cert, key) PEM paths, ``pki/NAME.crt`` and ``pki/NAME.key``.
         """
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH
-        extensions = _leaf_extensions(usage)
+        extensions = leaf_extensions(usage)
         if server_hosts:
-            sans = [_general_name(host) for host in server_hosts]
+            sans = [general_name(host) for host in server_hosts]
             extensions.append((x509.SubjectAlternativeName(sans), False))
-        key = _new_ec_key()
+        key = new_ec_key()
         ca = _load_ca(self._require_pki())
-        cert = _issue(_name(common_name, organization), key, ca, extensions)
+        cert = issue(x509_name(common_name, organization), key, ca, extensions)
         return (
-            _write_private(self.certdir / f"{name}.crt", _pem_cert(cert)),
-            _write_private(self.certdir / f"{name}.key", _pem_key(key)),
+            write_private(self.certdir / f"{name}.crt", pem_cert(cert)),
+            write_private(self.certdir / f"{name}.key", pem_key(key)),
         )
 
     def client_kubeconfig(

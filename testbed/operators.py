@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import pytest
 
 from schedlock.operator.crd import crd_manifest
 from schedlock.operator.rbac import cluster_role, cluster_role_binding
@@ -128,12 +129,14 @@ class OperatorProcess:
     webhook_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    holder: str = "operator-test"
 
     @property
     def log_path(self) -> Path:
         return self.workdir / "operator.log"
 
-    def start(self) -> OperatorProcess:
+    def spawn(self) -> None:
+        """Start the process and return at once (``start`` also waits until it is live)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")},
@@ -142,23 +145,25 @@ class OperatorProcess:
             "SCHEDLOCK_HEALTH_PORT": str(self.health_port),
             "SCHEDLOCK_WEBHOOK_PORT": str(self.webhook_port),
             "SCHEDLOCK_WEBHOOK_HOST": "127.0.0.1",
-            "SCHEDLOCK_HOLDER": "operator-test",
+            "SCHEDLOCK_HOLDER": self.holder,
             "SCHEDLOCK_SYNC_SWEEP_SECONDS": "5",
             **self.extra_env,
         }
         if self.webhook is not None:
             env["SCHEDLOCK_WEBHOOK_CERT_FILE"] = str(self.webhook.cert_file)
             env["SCHEDLOCK_WEBHOOK_KEY_FILE"] = str(self.webhook.key_file)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "schedlock"), "operator"],
-            env=env,
-            stdout=log,
-            stderr=log,
-            cwd=self.workdir,
-            preexec_fn=die_with_parent(),
-        )
-        log.close()
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "schedlock"), "operator"],
+                env=env,
+                stdout=log,
+                stderr=log,
+                cwd=self.workdir,
+                preexec_fn=die_with_parent(),
+            )
+
+    def start(self) -> OperatorProcess:
+        self.spawn()
         wait_for(
             lambda: (
                 http_get(f"http://127.0.0.1:{self.health_port}/healthz")[0] == 200
@@ -307,3 +312,29 @@ def operator_stack(
         sidecars.stop()
         operator.stop()
         postgres.drop_database(database)
+
+
+def operator_stack_fixture(
+    cls: type[S],
+    namespace: str,
+    *,
+    webhooks: bool = False,
+    operator_env: dict[str, str] | None = None,
+) -> Any:
+    """A module-scoped pytest fixture yielding ``operator_stack(cls, ...)`` in its own workdir."""
+
+    @pytest.fixture(scope="module")
+    def stack(
+        kube: KubeAPIServer,
+        postgres: PostgresService,
+        migrated_template: str,
+        tmp_path_factory: pytest.TempPathFactory,
+    ) -> Iterator[S]:
+        workdir = tmp_path_factory.mktemp(namespace)
+        with operator_stack(
+            cls, kube, postgres, migrated_template, workdir, namespace,
+            webhooks=webhooks, operator_env=operator_env,
+        ) as running:  # fmt: skip
+            yield running
+
+    return stack

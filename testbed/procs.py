@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Self
 
 PR_SET_PDEATHSIG = 1
 
@@ -49,3 +51,37 @@ def terminate(
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+class StartStop:
+    """``start()`` on entering a ``with`` block, ``stop()`` on leaving it, however it is left."""
+
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class NamedProcess:
+    """A child process called ``name`` that logs to ``workdir/<name>.log``."""
+
+    name: str
+    workdir: Path
+    process: subprocess.Popen[bytes] | None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
+
+
+def fetch(url: str, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    """The rows of one query on a connection of its own (autocommit, closed after)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()
 
 
 def insert_rows(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.pg import free_port
-from testbed.procs import die_with_parent, terminate
+from testbed.procs import NamedProcess, die_with_parent, terminate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,20 +29,29 @@ def _bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
+class Deadline:
+    """``check()`` raises TimeoutError, naming what was awaited, once ``timeout`` has passed."""
+
+    def __init__(self, timeout: float, what: str) -> None:
+        self.timeout, self.what = timeout, what
+        self.at = time.monotonic() + timeout
+
+    def check(self) -> None:
+        if time.monotonic() > self.at:
+            raise TimeoutError(f"timed out after {self.timeout:g}s waiting for {self.what}")
+
+
 def wait_for(
     predicate: Callable[[], Any],
     timeout: float = 10,
     interval: float = 0.02,
     what: str = "condition",
 ) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    deadline = Deadline(timeout, what)
+    while not (value := predicate()):
+        deadline.check()
         time.sleep(interval)
+    return value
 
 
 def http_get(url: str, timeout: float = 2) -> tuple[int, str]:
@@ -153,7 +162,7 @@ class ReceiverProcess:
 
 
 @dataclass
-class SidecarProcess:
+class SidecarProcess(NamedProcess):
     """One ``schedlock sidecar`` process with its own metrics port and log file."""
 
     name: str
@@ -175,15 +184,6 @@ class SidecarProcess:
                 **env,
             },
         )
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"{self.name}.log"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
 
     def start(self) -> SidecarProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -14,16 +14,26 @@ class ToolMissing(RuntimeError):
     pass
 
 
+def tool_dir(name: str) -> Path:
+    """Ask hack/tools.sh where NAME lives (its bindir), so the pinned versions apply."""
+    result = subprocess.run(
+        ["bash", str(REPO / "hack" / "tools.sh"), "bindir", name],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 or not result.stdout.strip():
+        raise ToolMissing(
+            f"hack/tools.sh bindir {name} failed ({result.returncode}): {result.stderr.strip()}"
+        )
+    return Path(result.stdout.strip())
+
+
 @cache
 def tool(name: str) -> Path:
     """Absolute path of a pinned tool; raises ToolMissing with the command that installs it."""
-    bindir = subprocess.run(
-        ["bash", str(REPO / "hack" / "tools.sh"), "bindir", name],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    path = Path(bindir) / name
+    path = tool_dir(name) / name
     if not path.exists():
         found = shutil.which(name)
         if found is None:

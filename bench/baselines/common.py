@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +123,18 @@ def sleep_until(deadline: float) -> None:
     delay = deadline - time.monotonic()
     if delay > 0:
         time.sleep(delay)
+
+
+def start(
+    description: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    log_level: int,
+) -> tuple[argparse.Namespace, Status]:
+    """A baseline worker's start: its flags (the common ones first), logging, SIGTERM, status."""
+    parser = argparse.ArgumentParser(description=description)
+    common_arguments(parser)
+    add_arguments(parser)
+    args = parser.parse_args()
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
+    exit_on_sigterm()
+    return args, Status(args.status_file, args.name)

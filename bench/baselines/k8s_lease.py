@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from bench.baselines.common import Firer, Status, common_arguments, exit_on_sigterm
+from bench.baselines.common import Firer, Status, start
 from bench.kube_client import module
 
 # The client's leader election, as shipped (untyped, hence reached through ``module``).
@@ -98,9 +98,7 @@ class Leader:
         self.status.update(leading=False)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    common_arguments(parser)
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--lease-name", required=True)
     parser.add_argument("--lease-namespace", default="default")
@@ -109,10 +107,10 @@ def main() -> None:
     parser.add_argument("--renew-deadline-seconds", type=int, default=10)
     parser.add_argument("--retry-seconds", type=int, default=2)
     parser.add_argument("--poll-seconds", type=float, default=1.0)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    exit_on_sigterm()
-    status = Status(args.status_file, args.name)
+
+
+def main() -> None:
+    args, status = start(__doc__, _arguments, logging.WARNING)
     module("config").load_kube_config(config_file=args.kubeconfig)
     lock = CountingLeaseLock(args.lease_name, args.lease_namespace, args.name, status)
     leader = Leader(args, status)

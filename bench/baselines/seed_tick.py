@@ -19,7 +19,7 @@ import time
 
 from psycopg_pool import ConnectionPool
 
-from bench.baselines.common import Firer, Status, common_arguments, exit_on_sigterm, sleep_until
+from bench.baselines.common import Firer, sleep_until, start
 
 log = logging.getLogger("seed_tick")
 
@@ -30,15 +30,13 @@ def lock_key(namespace: str, target: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    common_arguments(parser)
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-seconds", type=float, default=10.0)
     parser.add_argument("--batch", type=int, default=25)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    exit_on_sigterm()
-    status = Status(args.status_file, args.name)
+
+
+def main() -> None:
+    args, status = start(__doc__, _arguments, logging.INFO)
     key = lock_key(args.namespace, args.target)
     firer = Firer(args.name, args.target_url)
     pool = ConnectionPool(

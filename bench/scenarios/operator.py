@@ -29,6 +29,7 @@ from bench.stats import summarize
 from bench.systems import cpu_seconds
 from testbed.kube import KubeAPIServer
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
+from testbed.rows import fetch
 from testbed.sidecars import ReceiverProcess, SidecarGroup, parse_metrics
 
 NAMESPACE = "bench-operator"
@@ -95,12 +96,12 @@ class PublishedWatch:
 
 
 def _rows(url: str) -> dict[str, float]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT uid, extract(epoch FROM created_at)::float8 FROM schedlock_publishes "
-            "WHERE namespace = %s",
-            (NAMESPACE,),
-        ).fetchall()
+    rows = fetch(
+        url,
+        "SELECT uid, extract(epoch FROM created_at)::float8 FROM schedlock_publishes "
+        "WHERE namespace = %s",
+        NAMESPACE,
+    )
     return {str(uid): float(at) for uid, at in rows}
 
 
@@ -236,13 +237,13 @@ def _reassert_cost(api: Any, url: str) -> dict[str, Any]:
     objects, all Published: with every row in place (one comparison query, nothing written),
     then with every row deleted (each restored in its recorded outcome, none fired)."""
     from schedlock.operator.reassert import Reasserter, snapshot
-    from schedlock.store.postgres import PostgresStore
+    from schedlock.store import open_store
 
     items = api.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
     objects = [snapshot(item) for item in items]
 
     async def passes() -> dict[str, Any]:
-        store = PostgresStore(url, application_name="bench-reassert", pool_size=4)
+        store = open_store(url, application_name="bench-reassert", pool_size=4)
         reasserter = Reasserter(store, lambda: objects, interval=30, wanted=lambda _uid: True)
         try:
             steady = [await reasserter.once() for _ in range(3)]

@@ -27,7 +27,9 @@ from testbed.checks import assert_duplicates_only_across_crash
 from testbed.helm import CHART
 from testbed.incluster import (
     INJECTED_LABEL,
+    Delivery,
     Product,
+    StreamVerdict,
     installed_product,
     restricted_namespace,
     stream_rows,
@@ -193,16 +195,25 @@ def test_failover_when_the_leaders_pod_is_deleted(product: Product, record_prope
             deleted.add(leader)
             product.cluster.kubectl("delete", "pod", leader, "-n", "default", "--wait=false", *how)
             product.wait_leader("default", app, timeout=30)
-        outcomes = wait_settled(product.database.host_url, prefix, len(uids), timeout=120)
-        deliveries = product.recorder.deliveries(prefix)
-        result = verdict(uids, outcomes, deliveries)
-        record_property("failover", result.as_json())
-        print("cluster failover:", json.dumps(result.as_json()))
-        assert result.lost == [], result.as_json()
-        assert result.states == {"published": len(uids)}, result.as_json()
+        _, deliveries = _all_published(product, prefix, uids, "failover", record_property)
         assert_duplicates_only_across_crash([d.as_check_entry() for d in deliveries], deleted)
     finally:
         _delete_app(product, app, "default")
+
+
+def _all_published(
+    product: Product, prefix: str, uids: list[str], name: str, record_property: Any
+) -> tuple[StreamVerdict, list[Delivery]]:
+    """Wait for every row of PREFIX to settle, judge what arrived, record it under NAME; nothing
+    may be lost and every row must be published."""
+    outcomes = wait_settled(product.database.host_url, prefix, len(uids), timeout=120)
+    deliveries = product.recorder.deliveries(prefix)
+    result = verdict(uids, outcomes, deliveries)
+    record_property(name, result.as_json())
+    print(f"cluster {name}:", json.dumps(result.as_json()))
+    assert result.lost == [], result.as_json()
+    assert result.states == {"published": len(uids)}, result.as_json()
+    return result, deliveries
 
 
 def test_rolling_update_loses_nothing_and_nothing_is_late(
@@ -219,13 +230,7 @@ def test_rolling_update_loses_nothing_and_nothing_is_late(
         uids = _stream(product, app, prefix, count=400, spacing=0.1)
         product.cluster.kubectl("rollout", "restart", f"deployment/{app}", "-n", "default")
         product.rollout_status(app, "default")
-        outcomes = wait_settled(product.database.host_url, prefix, len(uids), timeout=120)
-        deliveries = product.recorder.deliveries(prefix)
-        result = verdict(uids, outcomes, deliveries)
-        record_property("rolling_update", result.as_json())
-        print("cluster rolling update:", json.dumps(result.as_json()))
-        assert result.lost == [], result.as_json()
-        assert result.states == {"published": len(uids)}, result.as_json()
+        result, _ = _all_published(product, prefix, uids, "rolling_update", record_property)
         assert result.late_max_ms < 1000, result.as_json()
         assert result.duplicates == {}, result.duplicates  # nobody crashed
     finally:

@@ -66,15 +66,8 @@ def test_install_upgrade_uninstall(kube: KubeAPIServer, tmp_path: Path) -> None:
     kube.apply(_restricted_namespace(namespace))
     installed = False
     try:
-        install = helm(
-            "install",
-            release,
-            CHART,
-            "--namespace",
-            namespace,
-            "--set",
-            f"database.url={url}",
-        )
+        chart = (release, CHART, "--namespace", namespace, "--set", f"database.url={url}")
+        install = helm("install", *chart)
         installed = True
         assert "STATUS: deployed" in install.stdout
         assert "PodSecurity" not in install.stderr, install.stderr  # no "would violate" warning
@@ -114,17 +107,7 @@ def test_install_upgrade_uninstall(kube: KubeAPIServer, tmp_path: Path) -> None:
         assert base64.b64decode(tls["data"]["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE")
 
         # An upgrade changes the operator and keeps the certificate (lookup).
-        helm(
-            "upgrade",
-            release,
-            CHART,
-            "--namespace",
-            namespace,
-            "--set",
-            f"database.url={url}",
-            "--set",
-            "operator.logLevel=debug",
-        )
+        helm("upgrade", *chart, "--set", "operator.logLevel=debug")
         after = _get(kube, "secret", "schedlock-webhook-tls", namespace=namespace)
         assert after is not None
         assert after["data"] == tls["data"], "the upgrade regenerated the webhook certificate"

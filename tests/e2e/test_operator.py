@@ -10,14 +10,11 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
-from testbed.kube import KubeAPIServer
 from testbed.operators import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
@@ -25,9 +22,9 @@ from testbed.operators import (
     OperatorStack,
     at,
     mutating_webhook_configuration,
-    operator_stack,
+    operator_stack_fixture,
 )
-from testbed.pg_fixtures import OPERATOR_ROLE, PostgresService, as_role
+from testbed.pg_fixtures import OPERATOR_ROLE, as_role
 from testbed.sidecars import wait_for
 
 NAMESPACE = "e2e-publish"
@@ -48,18 +45,7 @@ def ready(status: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
 
 
-@pytest.fixture(scope="module")
-def stack(
-    kube: KubeAPIServer,
-    postgres: PostgresService,
-    migrated_template: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("operator-e2e")
-    with operator_stack(
-        Stack, kube, postgres, migrated_template, workdir, NAMESPACE, webhooks=True
-    ) as stack:
-        yield stack
+stack = operator_stack_fixture(Stack, NAMESPACE, webhooks=True)
 
 
 def test_apply_fires_and_status_follows(stack: Stack) -> None:

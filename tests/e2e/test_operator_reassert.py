@@ -9,14 +9,9 @@ a restore from a backup or an asynchronous fail-over loses them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from testbed.kube import KubeAPIServer
-from testbed.operators import OperatorStack, at, operator_stack
-from testbed.pg_fixtures import PostgresService
+from testbed.operators import OperatorStack, at, operator_stack_fixture
 from testbed.sidecars import wait_for
 
 NAMESPACE = "e2e-reassert"
@@ -36,19 +31,9 @@ class Stack(OperatorStack):
         return found[0] if found else None
 
 
-@pytest.fixture(scope="module")
-def stack(
-    kube: KubeAPIServer,
-    postgres: PostgresService,
-    migrated_template: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp("operator-reassert")
-    with operator_stack(
-        Stack, kube, postgres, migrated_template, workdir, NAMESPACE,
-        operator_env={"SCHEDLOCK_REASSERT_SECONDS": f"{INTERVAL:g}"},
-    ) as stack:  # fmt: skip
-        yield stack
+stack = operator_stack_fixture(
+    Stack, NAMESPACE, operator_env={"SCHEDLOCK_REASSERT_SECONDS": f"{INTERVAL:g}"}
+)
 
 
 def test_a_deleted_row_of_a_future_object_comes_back_and_fires_once(stack: Stack) -> None:

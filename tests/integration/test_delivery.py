@@ -12,11 +12,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from schedlock.operator.injection import InjectionConfig, inject_pod
-from testbed.rows import insert_rows
+from testbed.rows import fetch, insert_rows
 from testbed.sidecars import SidecarGroup, wait_for
 
 SECRET = b"s3cret-signing-key"
@@ -42,24 +41,31 @@ def app(tmp_path: Path, migrated_database: str) -> Iterator[SidecarGroup]:
 
 
 def states(url: str, prefix: str) -> dict[str, tuple[str, int, str | None, int | None]]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT uid, state, attempts, last_error, last_status FROM schedlock_publishes "
-            "WHERE uid LIKE %s",
-            (prefix + "-%",),
-        ).fetchall()
+    rows = fetch(
+        url,
+        "SELECT uid, state, attempts, last_error, last_status FROM schedlock_publishes "
+        "WHERE uid LIKE %s",
+        prefix + "-%",
+    )
     return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
 
 
-def finished(url: str, prefix: str, count: int) -> bool:
-    got = states(url, prefix)
-    return len(got) == count and all(s[0] not in ("scheduled", "firing") for s in got.values())
+def settled(
+    url: str, prefix: str, count: int, timeout: float
+) -> dict[str, tuple[str, int, str | None, int | None]]:
+    """The states of the ``count`` rows of ``prefix`` once none is still scheduled or firing."""
+
+    def finished() -> dict[str, tuple[str, int, str | None, int | None]] | None:
+        got = states(url, prefix)
+        done = len(got) == count and all(s[0] not in ("scheduled", "firing") for s in got.values())
+        return got if done else None
+
+    return wait_for(finished, timeout=timeout, what=f"the {count} rows {prefix}-* to finish")
 
 
 def test_success_is_published_once_and_signed(app: SidecarGroup, migrated_database: str) -> None:
     insert_rows(migrated_database, 5, start_in=0.2, spacing=0.05, prefix="ok")
-    wait_for(lambda: finished(migrated_database, "ok", 5), timeout=20, what="rows to finish")
-    assert {s[0] for s in states(migrated_database, "ok").values()} == {"published"}
+    assert {s[0] for s in settled(migrated_database, "ok", 5, timeout=20).values()} == {"published"}
     assert app.receiver is not None
     entries = app.receiver.entries()
     assert len(entries) == 5
@@ -200,8 +206,7 @@ def test_5xx_is_retried_with_the_same_key(app: SidecarGroup, migrated_database: 
     insert_rows(
         migrated_database, 3, start_in=0.2, prefix="retry", max_attempts=5, backoff_seconds=0.1
     )
-    wait_for(lambda: finished(migrated_database, "retry", 3), timeout=30, what="retries to finish")
-    for state, attempts, _, status in states(migrated_database, "retry").values():
+    for state, attempts, _, status in settled(migrated_database, "retry", 3, timeout=30).values():
         assert (state, attempts, status) == ("published", 3, 200)
     by_uid: dict[str, list[dict[str, object]]] = {}
     for entry in app.receiver.entries():
@@ -216,8 +221,9 @@ def test_other_4xx_fails_at_once(app: SidecarGroup, migrated_database: str) -> N
     assert app.receiver is not None
     app.receiver.control(status=404)
     insert_rows(migrated_database, 2, start_in=0.2, prefix="gone", max_attempts=5)
-    wait_for(lambda: finished(migrated_database, "gone", 2), timeout=20, what="rows to fail")
-    for state, attempts, error, status in states(migrated_database, "gone").values():
+    for state, attempts, error, status in settled(
+        migrated_database, "gone", 2, timeout=20
+    ).values():
         assert (state, attempts, status) == ("failed", 1, 404)
         assert error is not None and "HTTP 404" in error
 
@@ -228,8 +234,9 @@ def test_retries_give_up_after_the_attempt_limit(app: SidecarGroup, migrated_dat
     insert_rows(
         migrated_database, 2, start_in=0.2, prefix="down", max_attempts=3, backoff_seconds=0.05
     )
-    wait_for(lambda: finished(migrated_database, "down", 2), timeout=30, what="rows to fail")
-    for state, attempts, error, status in states(migrated_database, "down").values():
+    for state, attempts, error, status in settled(
+        migrated_database, "down", 2, timeout=30
+    ).values():
         assert (state, attempts, status) == ("failed", 3, 503)
         assert error is not None and "gave up after 3 attempts" in error
 
@@ -240,8 +247,7 @@ def test_a_hanging_app_times_out_and_is_retried(app: SidecarGroup, migrated_data
     insert_rows(
         migrated_database, 1, start_in=0.1, prefix="hang", max_attempts=2, backoff_seconds=0.05
     )
-    wait_for(lambda: finished(migrated_database, "hang", 1), timeout=30, what="the row to fail")
-    [(state, attempts, error, status)] = states(migrated_database, "hang").values()
+    [(state, attempts, error, status)] = settled(migrated_database, "hang", 1, timeout=30).values()
     assert (state, attempts, status) == ("failed", 2, None)
     assert error is not None and "timeout after 0.5s" in error
 
@@ -251,15 +257,13 @@ def test_past_the_starting_deadline_is_missed_not_fired(
 ) -> None:
     insert_rows(migrated_database, 2, start_in=-30, prefix="late", deadline_seconds=5)
     insert_rows(migrated_database, 1, start_in=-3, prefix="intime", deadline_seconds=60)
-    wait_for(
-        lambda: finished(migrated_database, "late", 2) and finished(migrated_database, "intime", 1),
-        timeout=20,
-        what="rows to finish",
-    )
-    for state, attempts, error, _ in states(migrated_database, "late").values():
+    late = settled(migrated_database, "late", 2, timeout=20)
+    assert [s[0] for s in settled(migrated_database, "intime", 1, timeout=20).values()] == [
+        "published"
+    ]
+    for state, attempts, error, _ in late.values():
         assert (state, attempts) == ("missed", 0)
         assert error is not None and "starting deadline of 5s passed" in error
-    assert [s[0] for s in states(migrated_database, "intime").values()] == ["published"]
     assert app.receiver is not None
     assert {str(e["uid"]).split("-")[0] for e in app.receiver.entries()} == {"intime"}
 

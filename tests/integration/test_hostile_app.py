@@ -8,11 +8,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from testbed.pg import free_port
-from testbed.rows import insert_rows
+from testbed.rows import fetch, insert_rows
 from testbed.sidecars import SidecarProcess, wait_for
 
 HUGE = 50 * 1024 * 1024  # 50 MiB: never read into memory
@@ -66,13 +65,13 @@ def hostile_port() -> Iterator[int]:
 
 
 def final_state(url: str, uid: str) -> tuple[str, int, str | None, int | None] | None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT state, attempts, last_error, last_status FROM schedlock_publishes "
-            "WHERE uid = %s AND state NOT IN ('scheduled', 'firing')",
-            (uid,),
-        ).fetchone()
-    return None if row is None else (row[0], row[1], row[2], row[3])
+    found = fetch(
+        url,
+        "SELECT state, attempts, last_error, last_status FROM schedlock_publishes "
+        "WHERE uid = %s AND state NOT IN ('scheduled', 'firing')",
+        uid,
+    )
+    return None if not found else (found[0][0], found[0][1], found[0][2], found[0][3])
 
 
 @pytest.mark.parametrize(

@@ -329,13 +329,8 @@ VALID_SCHEDULES = [
     "5/15 0-23/2 * jan-mar,dec 1-5",
     "59 23 31 12 6",
     "0\t0  * * *",
-    "@yearly",
-    "@annually",
-    "@monthly",
-    "@weekly",
-    "@daily",
-    "@midnight",
-    "@HOURLY",
+    *(descriptor for descriptor in crd.CRON_DESCRIPTORS if descriptor != "@hourly"),
+    "@HOURLY",  # descriptors are case-insensitive
 ]
 
 INVALID_SCHEDULES = [
