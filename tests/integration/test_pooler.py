@@ -9,19 +9,22 @@ from testbed.pg import PgBouncer
 from testbed.sidecars import SidecarProcess, wait_for
 
 
-def run_sidecar(tmp_path: Path, url: str, name: str) -> SidecarProcess:
-    # the owner migrated directly, as in production
+def sidecar_behind(
+    pgbouncer_factory: Callable[[str], PgBouncer], mode: str, database: str, workdir: Path
+) -> SidecarProcess:
+    """A sidecar reaching DATABASE through a PgBouncer in pool MODE (migrated directly, by its
+    owner, as in production)."""
+    bouncer = pgbouncer_factory(mode)
+    url = bouncer.url(database.rsplit("/", 1)[1])
     return SidecarProcess.for_stand_in_app(
-        name, tmp_path, url, SCHEDLOCK_MIGRATE="off", SCHEDLOCK_LOG_FORMAT="text"
+        f"{mode}-pooled", workdir, url, SCHEDLOCK_MIGRATE="off", SCHEDLOCK_LOG_FORMAT="text"
     ).start()
 
 
 def test_transaction_mode_pooler_is_refused_with_one_line(
     tmp_path: Path, migrated_database: str, pgbouncer_factory: Callable[[str], PgBouncer]
 ) -> None:
-    bouncer = pgbouncer_factory("transaction")
-    dbname = migrated_database.rsplit("/", 1)[1]
-    sidecar = run_sidecar(tmp_path, bouncer.url(dbname), "pooled")
+    sidecar = sidecar_behind(pgbouncer_factory, "transaction", migrated_database, tmp_path)
     code = sidecar.wait(timeout=30)
     assert code == 1
     errors = [
@@ -36,9 +39,7 @@ def test_transaction_mode_pooler_is_refused_with_one_line(
 def test_session_mode_pooler_is_accepted(
     tmp_path: Path, migrated_database: str, pgbouncer_factory: Callable[[str], PgBouncer]
 ) -> None:
-    bouncer = pgbouncer_factory("session")
-    dbname = migrated_database.rsplit("/", 1)[1]
-    sidecar = run_sidecar(tmp_path, bouncer.url(dbname), "session-pooled")
+    sidecar = sidecar_behind(pgbouncer_factory, "session", migrated_database, tmp_path)
     try:
         sidecar.wait_ready(timeout=20)
         wait_for(
