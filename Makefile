@@ -77,6 +77,8 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@echo "==> generated manifests and monitoring are current (CRD, RBAC rules, alerts, dashboard)"
 	@$(PY) hack/gen-manifests.py --check >/dev/null
 	@$(PY) -m monitoring.generate --check >/dev/null
+	@echo "==> the Grafana dashboard and alert rules fit Grafana's typed models (grafana-foundation-sdk)"
+	@$(PY) -m monitoring.grafana_schema
 	@echo "==> checkov on the rendered chart (skip-list: charts/schedlock/.checkov.yaml)"
 	@bash hack/tools.sh ensure checkov
 	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && \

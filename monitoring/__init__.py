@@ -10,4 +10,6 @@ root) writes the files the Helm chart embeds under ``charts/schedlock/files/``:
 - ``grafana-dashboard.json``: the "schedlock" dashboard (uid ``schedlock-overview``).
 
 ``--check`` exits 1 when a committed file differs from what the generator writes.
+``python -m monitoring.grafana_schema`` reads the two Grafana files with Grafana's own typed
+models (grafana-foundation-sdk) and fails on a field or value Grafana would not take.
 """

@@ -29,7 +29,6 @@ def _variable(name: str, label: str, query: str) -> dict[str, Any]:
         "label": label,
         "type": "query",
         "datasource": DATASOURCE,
-        "definition": query,
         "query": {"query": query, "refId": f"{name}-variable"},
         "refresh": 2,
         "includeAll": True,
@@ -150,6 +149,40 @@ def _timeseries(
     )
 
 
+def _state_timeline(
+    title: str,
+    description: str,
+    target: dict[str, Any],
+    states: tuple[tuple[str, str], tuple[str, str]],
+    **options: Any,
+) -> dict[str, Any]:
+    """A 0/1 metric per series as a timeline: STATES are the (text, color) of 0 and of 1."""
+    (off, off_color), (on, on_color) = states
+    return _panel(
+        "state-timeline",
+        title,
+        description,
+        [target],
+        options={
+            "showValue": "never",
+            "mergeValues": True,
+            **options,
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+        },
+        mappings=[
+            {
+                "type": "value",
+                "options": {
+                    "0": {"text": off, "color": off_color, "index": 0},
+                    "1": {"text": on, "color": on_color, "index": 1},
+                },
+            }
+        ],
+        color={"mode": "thresholds"},
+        thresholds=_thresholds((None, off_color), (1, on_color)),
+    )
+
+
 def _row(title: str) -> dict[str, Any]:
     return {"type": "row", "title": title, "collapsed": False, "panels": []}
 
@@ -168,37 +201,18 @@ def _quantiles(metric: str, window: str, by: str = KEY) -> list[dict[str, Any]]:
 
 def panels() -> list[dict[str, Any]]:
     """Panels without ids or positions (``dashboard()`` lays them out)."""
-    leader_mappings = [
-        {
-            "type": "value",
-            "options": {
-                "0": {"text": "following", "color": "transparent", "index": 0},
-                "1": {"text": "leading", "color": "green", "index": 1},
-            },
-        }
-    ]
     return [
         _row("Leadership"),
-        _panel(
-            "state-timeline",
+        _state_timeline(
             "Leader by pod",
             "schedlock_leader of every sidecar, per lock key: which pod led when. A gap in a "
             "row is a sidecar that was not scraped (gone, frozen, restarting).",
-            [
-                _target(
-                    f"max by ({KEY}, pod) (schedlock_leader{{{SEL}}})",
-                    f"{KEY_LEGEND} {{{{pod}}}}",
-                )
-            ],
-            options={
-                "showValue": "never",
-                "mergeValues": True,
-                "rowHeight": 0.8,
-                "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
-            },
-            mappings=leader_mappings,
-            color={"mode": "thresholds"},
-            thresholds=_thresholds((None, "transparent"), (1, "green")),
+            _target(
+                f"max by ({KEY}, pod) (schedlock_leader{{{SEL}}})",
+                f"{KEY_LEGEND} {{{{pod}}}}",
+            ),
+            (("following", "transparent"), ("leading", "green")),
+            rowHeight=0.8,
         ),
         _timeseries(
             "Leaders per key",
@@ -259,7 +273,7 @@ def panels() -> list[dict[str, Any]]:
                 "cellGap": 1,
                 "color": {"mode": "scheme", "scheme": "Oranges", "scale": "exponential"},
                 "filterValues": {"le": 1e-9},
-                "tooltip": {"show": True, "yHistogram": True},
+                "tooltip": {"mode": "single", "yHistogram": True},
             },
         ),
         _panel(
@@ -331,32 +345,11 @@ def panels() -> list[dict[str, Any]]:
             unit="s",
         ),
         _row("Sidecars"),
-        _panel(
-            "state-timeline",
+        _state_timeline(
             "Database connected",
             "schedlock_database_up per sidecar pod of the selected namespaces.",
-            [
-                _target(
-                    f"min by (pod) (schedlock_database_up{{{SIDECAR_SEL}}})",
-                    "{{pod}}",
-                )
-            ],
-            options={
-                "showValue": "never",
-                "mergeValues": True,
-                "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
-            },
-            mappings=[
-                {
-                    "type": "value",
-                    "options": {
-                        "0": {"text": "down", "color": "red", "index": 0},
-                        "1": {"text": "up", "color": "green", "index": 1},
-                    },
-                }
-            ],
-            color={"mode": "thresholds"},
-            thresholds=_thresholds((None, "red"), (1, "green")),
+            _target(f"min by (pod) (schedlock_database_up{{{SIDECAR_SEL}}})", "{{pod}}"),
+            (("down", "red"), ("up", "green")),
         ),
         _timeseries(
             "Database sessions",

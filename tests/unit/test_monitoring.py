@@ -189,8 +189,9 @@ def test_dashboard_identity_and_variables() -> None:
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    assert variables["namespace"]["definition"] == "label_values(schedlock_leader, namespace)"
-    assert variables["target"]["definition"].startswith("label_values(schedlock_leader{")
+    # The query itself (Grafana's model has no `definition`, the UI's copy of it).
+    assert variables["namespace"]["query"]["query"] == "label_values(schedlock_leader, namespace)"
+    assert variables["target"]["query"]["query"].startswith("label_values(schedlock_leader{")
     for name in ("namespace", "target", "scheduler"):
         assert variables[name]["type"] == "query"
         assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
