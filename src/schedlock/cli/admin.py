@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from schedlock.core.identities import parse_rfc3339, rfc3339
 from schedlock.core.scheduling import ScheduleError, parse_schedule
 from schedlock.core.settings import (
     SettingError,
@@ -72,7 +73,7 @@ def parse_time(raw: str, now: datetime | None = None) -> datetime:
         scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
         return now + timedelta(seconds=amount * scale)
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = parse_rfc3339(text)
     except ValueError:
         raise ValueError(
             "must be an RFC 3339 time like 2026-12-01T09:00:00Z, 'now', or '+30s'/'in 5m', "
@@ -216,7 +217,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         "name": common.name,
         "namespace": common.namespace,
         "target": common.target,
-        "dueAt": due_at.isoformat().replace("+00:00", "Z"),
+        "dueAt": rfc3339(due_at),
     }
     return _created("publish", db, lambda store: store.upsert_publish(spec), shown)
 
@@ -254,9 +255,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return (
-        None if value is None else value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )
+    return None if value is None else rfc3339(value, "milliseconds")
 
 
 def status_rows(keys: list[KeyStatus]) -> list[dict[str, Any]]:

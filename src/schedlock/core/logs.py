@@ -1,7 +1,10 @@
 """Structured logging: one JSON object per line on stderr (or plain text for people).
 
-Fields are stable: ``ts`` (RFC 3339 UTC), ``level``, ``logger``, ``msg``, plus whatever a call
-passes in ``extra={...}``.  Exceptions become ``exc`` (type and message) and ``trace``.
+Fields are stable: ``ts`` (RFC 3339 UTC, milliseconds, ``Z``), ``level``, ``logger``, ``msg``,
+``event`` (what happened, one of :class:`Event`: read this, never the message text, which is
+for people and may change), plus whatever a call passes in ``extra={...}``.  Exceptions become
+``exc`` (type and message) and ``trace``.  Every product log call passes
+``extra={"event": Event.X, ...}``; records from libraries have no ``event``.
 """
 
 from __future__ import annotations
@@ -9,18 +12,78 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from enum import StrEnum
 from typing import Any
+
+from schedlock.core.identities import rfc3339_epoch
 
 # kopf attaches its whole settings object and internal flags to every record: not for logs.
 _DROPPED = frozenset({"settings", "k8s_skip"})
 _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "taskName"}
 
 
+class Event(StrEnum):
+    """The ``event`` field of every product log record (documented in docs/operations.md)."""
+
+    # sidecar: process
+    SIDECAR_STARTED = "sidecar_started"
+    SIDECAR_FATAL = "sidecar_fatal"
+    SHUTDOWN_REQUESTED = "shutdown_requested"
+    SIDECAR_STOPPED = "sidecar_stopped"
+    # sidecar: leadership (per lock key)
+    LEADERSHIP_ACQUIRED = "leadership_acquired"
+    LEADERSHIP_RELEASED = "leadership_released"
+    LEADERSHIP_HANDED_OVER = "leadership_handed_over"
+    LOCK_SESSION_LOST = "lock_session_lost"
+    CONNECTIONS_REFUSED = "connections_refused"
+    # sidecar: the app
+    TARGET_REACHABLE = "target_reachable"
+    TARGET_UNREACHABLE = "target_unreachable"
+    TARGET_CHECK_CRASHED = "target_check_crashed"
+    # sidecar: firing
+    LISTEN_FAILED = "listen_failed"
+    SCHEDULE_UNPARSABLE = "schedule_unparsable"
+    SLOTS_SKIPPED = "slots_skipped"
+    DELIVERY_CRASHED = "delivery_crashed"
+    DELIVERY_NOT_PUBLISHED = "delivery_not_published"
+    ROW_RETURNED = "row_returned"
+    # store
+    DATABASE_SCHEMA_NEWER = "database_schema_newer"
+    DATABASE_NOT_READY = "database_not_ready"
+    DATABASE_NOT_USABLE = "database_not_usable"
+    MIGRATION_APPLIED = "migration_applied"
+    NOTIFICATIONS_STOPPED = "notifications_stopped"
+    # operator
+    OPERATOR_STARTED = "operator_started"
+    OPERATOR_STOPPED = "operator_stopped"
+    STATUS_SYNC_ACTIVE = "status_sync_active"
+    STATUS_SYNC_INTERRUPTED = "status_sync_interrupted"
+    STATUS_SYNC_FAILED = "status_sync_failed"
+    KUBE_EVENT_FAILED = "kube_event_failed"
+    ROWS_REASSERTED = "rows_reasserted"
+    REASSERT_READ_ONLY = "reassert_read_only"
+    REASSERT_FAILED = "reassert_failed"
+
+
+def records(text: str, *events: Event) -> Iterator[dict[str, Any]]:
+    """The JSON records in a log's ``text`` (other lines skipped), only ``events`` if given."""
+    wanted = {str(e) for e in events}
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+        if isinstance(record, dict) and (not wanted or record.get("event") in wanted):
+            yield record
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": rfc3339_epoch(record.created, "milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

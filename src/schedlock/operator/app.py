@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import kopf
 from kopf._core.engines import peering
 
+from schedlock.core.logs import Event
 from schedlock.core.probes import health_app, serve
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.reassert import Reasserter
@@ -98,7 +99,10 @@ async def run(settings: OperatorSettings) -> int:
                 log=log,
             )
             if not usable:
-                log.info("operator stopped before the database was ready")
+                log.info(
+                    "operator stopped before the database was ready",
+                    extra={"event": Event.OPERATOR_STOPPED, "database_ready": False},
+                )
                 return 0
         return await run_kopf(store, settings, readiness, stopping)
     finally:
@@ -143,6 +147,7 @@ async def run_kopf(
     log.info(
         "operator started",
         extra={
+            "event": Event.OPERATOR_STARTED,
             "holder": settings.holder_name,
             "namespaces": list(settings.watch_namespaces) or "all",
             "webhook": settings.webhook_enabled,
@@ -177,5 +182,7 @@ async def run_kopf(
                 # that way is stopped, not a failure of the shutdown.
                 if not task.cancelled():
                     raise
-        log.info("operator stopped")
+        log.info(
+            "operator stopped", extra={"event": Event.OPERATOR_STOPPED, "database_ready": True}
+        )
     return 0

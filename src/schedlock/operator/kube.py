@@ -14,6 +14,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from schedlock.core.logs import Event
 from schedlock.operator.crd import GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger("schedlock.operator.kube")
@@ -105,7 +106,8 @@ class Kube:
                 self.core.create_namespaced_event(meta["namespace"], event)
             except ApiException as exc:
                 log.warning(
-                    "could not post an event", extra={"reason": reason, "error": exc.reason}
+                    "could not post an event",
+                    extra={"event": Event.KUBE_EVENT_FAILED, "reason": reason, "error": exc.reason},
                 )
 
         await asyncio.to_thread(call)

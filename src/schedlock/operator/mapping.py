@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from schedlock.core import identities
 from schedlock.core.scheduling import ScheduleError, parse_schedule
 from schedlock.operator.crd import DEFAULT_BACKOFF_SECONDS, DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES
 from schedlock.store import PublishRecord, PublishSpec, ScheduleRecord, ScheduleSpec
@@ -37,12 +38,12 @@ class InvalidSpec(ValueError):
 def rfc3339(value: datetime | None) -> str | None:
     if value is None:
         return None
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return identities.rfc3339(value, "seconds")
 
 
 def parse_rfc3339(text: str) -> datetime:
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = identities.parse_rfc3339(text)
     except ValueError:
         raise InvalidSpec(f"spec.publishAt {text!r} is not an RFC 3339 date-time") from None
     if parsed.tzinfo is None:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from schedlock.core.logs import Event
 from schedlock.operator import mapping
 from schedlock.store import (
     PublishSpec,
@@ -174,9 +175,15 @@ class Reasserter:
                 self.report(None)
             except ReadOnlyServer as exc:
                 self.report(exc)
-                log.warning("cannot re-assert rows: read-only server", extra={"error": str(exc)})
+                log.warning(
+                    "cannot re-assert rows: read-only server",
+                    extra={"event": Event.REASSERT_READ_ONLY, "error": str(exc)},
+                )
             except StoreError as exc:
-                log.warning("re-assertion pass failed, retrying", extra={"error": str(exc)})
+                log.warning(
+                    "re-assertion pass failed, retrying",
+                    extra={"event": Event.REASSERT_FAILED, "error": str(exc)},
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.interval)
 
@@ -223,7 +230,7 @@ class Reasserter:
             log.warning(
                 "re-asserted rows that were missing or stale",
                 extra={
-                    "event": "rows_reasserted",
+                    "event": Event.ROWS_REASSERTED,
                     "objects": result.objects,
                     "upserted": upserted,
                     "restored_terminal": restored,

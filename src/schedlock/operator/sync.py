@@ -20,6 +20,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from schedlock.core.identities import Scheduler, schedule_uid_of
+from schedlock.core.logs import Event
 from schedlock.operator import mapping
 from schedlock.operator.kube import Kube, KubeError
 from schedlock.store import OUTCOMES_CHANNEL, PublishRecord, StoreError
@@ -40,7 +42,7 @@ class KubeApi(Protocol):
 
 def object_uid(record: PublishRecord) -> str:
     """The ScheduledPublish uid behind a row (a recurring slot's uid is ``<uid>@<slot>``)."""
-    return record.uid.split("@", 1)[0] if record.scheduler == "recurring" else record.uid
+    return schedule_uid_of(record.uid) if record.scheduler == Scheduler.RECURRING else record.uid
 
 
 class StatusSync:
@@ -79,12 +81,18 @@ class StatusSync:
                         held = await acquire
                     break
                 held = acquire.result()
-                log.info("status sync active", extra={"holder": self.holder})
+                log.info(
+                    "status sync active",
+                    extra={"event": Event.STATUS_SYNC_ACTIVE, "holder": self.holder},
+                )
                 self.active = True
                 delay = 1.0
                 await self._active(held, stopping)
             except StoreError as exc:
-                log.warning("status sync interrupted, retrying", extra={"error": str(exc)})
+                log.warning(
+                    "status sync interrupted, retrying",
+                    extra={"event": Event.STATUS_SYNC_INTERRUPTED, "error": str(exc)},
+                )
             finally:
                 self.active = False
                 if held is not None:
@@ -156,7 +164,11 @@ class StatusSync:
                 except KubeError as exc:
                     log.warning(
                         "could not sync a status",
-                        extra={"object": f"{record.namespace}/{record.name}", "error": str(exc)},
+                        extra={
+                            "event": Event.STATUS_SYNC_FAILED,
+                            "object": f"{record.namespace}/{record.name}",
+                            "error": str(exc),
+                        },
                     )
 
         # one task per object (so one object's GET, PATCH and Event stay in order), a few
@@ -169,7 +181,7 @@ class StatusSync:
             return  # deleted, or re-created under the same name (a different object)
         old = obj.get("status") or {}
         now = datetime.now(UTC)
-        if record.scheduler == "recurring":
+        if record.scheduler == Scheduler.RECURRING:
             schedule = await self.store.get_schedule(uid)
             if schedule is None:
                 return

@@ -22,6 +22,7 @@ import signal
 import sys
 
 from schedlock.core import logs
+from schedlock.core.logs import Event
 from schedlock.core.probes import serve
 from schedlock.core.settings import add_arguments, build
 from schedlock.sidecar.delivery import Deliverer
@@ -99,6 +100,7 @@ class Sidecar:
         log.info(
             "sidecar started",
             extra={
+                "event": Event.SIDECAR_STARTED,
                 "holder": self.settings.holder_name,
                 "namespace": self.settings.namespace,
                 "target": self.settings.target,
@@ -123,7 +125,10 @@ class Sidecar:
                 return 0
             return await self._run_electors()
         except FATAL as exc:
-            log.error("cannot run safely, exiting", extra={"error": str(exc)})
+            log.error(
+                "cannot run safely, exiting",
+                extra={"event": Event.SIDECAR_FATAL, "error": str(exc)},
+            )
             print(f"schedlock sidecar: error: {exc}", file=sys.stderr)
             return EXIT_FATAL
         finally:
@@ -137,7 +142,7 @@ class Sidecar:
             await self.app.run(self.stopping)
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("shutting down", extra={"signal": sig.name})
+        log.info("shutting down", extra={"event": Event.SHUTDOWN_REQUESTED, "signal": sig.name})
         self.stopping.set()
 
     def _report_schema(self, error: StoreError | None) -> None:
@@ -190,7 +195,7 @@ class Sidecar:
                         group.create_task(elector.run(self.stopping), name=f"elector:{elector.key}")
             except BaseExceptionGroup as group:
                 raise first_leaf(group) from None
-        log.info("sidecar stopped")
+        log.info("sidecar stopped", extra={"event": Event.SIDECAR_STOPPED})
         return 0
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 
 from schedlock import __version__
+from schedlock.core.identities import rfc3339
 from schedlock.core.scheduling import AttemptResult, idempotency_key
 from schedlock.store import FireRow
 
@@ -67,7 +68,7 @@ def body_for(row: FireRow, term: int, holder: str) -> dict[str, Any]:
         "namespace": row.namespace,
         "name": row.name,
         "target": row.target,
-        "scheduledAt": row.due_at.isoformat().replace("+00:00", "Z"),
+        "scheduledAt": rfc3339(row.due_at),
         "attempt": row.attempt,
         "term": term,
         "holder": holder,

@@ -25,6 +25,8 @@ import random
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from schedlock.core.identities import Scheduler, slot_uid
+from schedlock.core.logs import Event
 from schedlock.core.scheduling import (
     Outcome,
     ScheduleError,
@@ -152,7 +154,7 @@ class _Term:
             if not self.leadership.lease_ok():
                 raise LeadershipLost("lease could not be confirmed: stepping down")
             wait = self.opts.poll_seconds
-            if self.key.scheduler == "recurring":
+            if self.key.scheduler == Scheduler.RECURRING:
                 wait = min(wait, await self._materialize())
             free = self.opts.concurrency - len(self.inflight)
             limit = min(self.opts.batch_size, free)
@@ -197,7 +199,7 @@ class _Term:
         except StoreError as exc:
             log.warning(
                 "listen failed, relying on timers",
-                extra={"key": str(self.key), "error": str(exc)},
+                extra={"event": Event.LISTEN_FAILED, "key": str(self.key), "error": str(exc)},
             )
         # Listening from now on: claim again, for rows that became due before LISTEN.
         self.wake.set()
@@ -212,7 +214,12 @@ class _Term:
             except ScheduleError as exc:
                 log.error(
                     "schedule cannot be parsed, retrying in an hour",
-                    extra={"uid": due.uid, "schedule": due.name, "error": str(exc)},
+                    extra={
+                        "event": Event.SCHEDULE_UNPARSABLE,
+                        "uid": due.uid,
+                        "schedule": due.name,
+                        "error": str(exc),
+                    },
                 )
                 await self.session.advance_schedule(
                     self.term,
@@ -226,12 +233,18 @@ class _Term:
                 schedule, due.watermark_at, due.db_now, due.starting_deadline_seconds
             )
             if plan.fire is not None:
-                slot_uid = f"{due.uid}@{plan.fire.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
-                await self.session.insert_slot(self.term, due.id, slot_uid, plan.fire)
+                await self.session.insert_slot(
+                    self.term, due.id, slot_uid(due.uid, plan.fire), plan.fire
+                )
             if plan.skipped:
                 log.warning(
                     "skipped recurring slots after downtime",
-                    extra={"uid": due.uid, "schedule": due.name, "skipped": plan.skipped},
+                    extra={
+                        "event": Event.SLOTS_SKIPPED,
+                        "uid": due.uid,
+                        "schedule": due.name,
+                        "skipped": plan.skipped,
+                    },
                 )
             await self.session.advance_schedule(
                 self.term,
@@ -260,7 +273,11 @@ class _Term:
         self.inflight.discard(task)
         self.slot_freed.set()
         if not task.cancelled() and task.exception() is not None:
-            log.error("delivery task crashed", exc_info=task.exception())
+            log.error(
+                "delivery task crashed",
+                exc_info=task.exception(),
+                extra={"event": Event.DELIVERY_CRASHED},
+            )
 
     async def _fire(self, row: FireRow) -> None:
         metrics = self.firer.metrics
@@ -316,6 +333,7 @@ class _Term:
             log.info(
                 "delivery not published",
                 extra={
+                    "event": Event.DELIVERY_NOT_PUBLISHED,
                     "key": str(self.key),
                     "uid": row.uid,
                     "attempt": row.attempt,
@@ -329,7 +347,7 @@ class _Term:
         self._record(Completion(row.id, Outcome.RETRY.value, error=error, sent=False))
         log.info(
             "row returned, app unreachable",
-            extra={"event": "row_returned", "key": str(self.key), "uid": row.uid},
+            extra={"event": Event.ROW_RETURNED, "key": str(self.key), "uid": row.uid},
         )
 
     def _record(self, completion: Completion) -> None:

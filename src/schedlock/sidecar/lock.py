@@ -97,6 +97,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from schedlock.core.logs import Event
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.reserve import grace, next_check_in, refused_backoff, with_jitter
 from schedlock.store import (
@@ -288,7 +289,12 @@ class KeyElector:
                 log.log(
                     level,
                     "lock session lost, reconnecting",
-                    extra={"key": str(self.key), "role": self.role.value, "error": str(exc)},
+                    extra={
+                        "event": Event.LOCK_SESSION_LOST,
+                        "key": str(self.key),
+                        "role": self.role.value,
+                        "error": str(exc),
+                    },
                 )
             finally:
                 if self.role is Role.LEADING:
@@ -340,7 +346,7 @@ class KeyElector:
         log.warning(
             "database refused a connection for lack of slots, backing off",
             extra={
-                "event": "connections_refused",
+                "event": Event.CONNECTIONS_REFUSED,
                 "key": str(self.key),
                 "error": str(exc),
                 "retry_in_s": round(wait, 2),
@@ -398,7 +404,14 @@ class KeyElector:
         self._lost("released")
         if stopping.is_set():
             self._set_role(Role.RELEASED)
-            log.info("released leadership", extra={"key": str(self.key), "term": leadership.term})
+            log.info(
+                "released leadership",
+                extra={
+                    "event": Event.LEADERSHIP_RELEASED,
+                    "key": str(self.key),
+                    "term": leadership.term,
+                },
+            )
         else:
             self._handed_over(leadership.term)
 
@@ -407,7 +420,7 @@ class KeyElector:
         log.warning(
             "app unreachable: handed leadership over",
             extra={
-                "event": "leadership_handed_over",
+                "event": Event.LEADERSHIP_HANDED_OVER,
                 "key": str(self.key),
                 "term": term,
                 "error": self.app.reason,
@@ -424,6 +437,7 @@ class KeyElector:
         log.info(
             "acquired leadership",
             extra={
+                "event": Event.LEADERSHIP_ACQUIRED,
                 "key": str(self.key),
                 "term": start.term,
                 "previous_holder": start.previous_holder,

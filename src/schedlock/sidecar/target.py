@@ -48,12 +48,11 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from schedlock import __version__
+from schedlock.core.logs import Event
 from schedlock.sidecar.metrics import SidecarMetrics
 
 log = logging.getLogger("schedlock.target")
 
-EVENT_UNREACHABLE = "target_unreachable"
-EVENT_REACHABLE = "target_reachable"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -229,7 +228,10 @@ class TargetWatch:
         try:
             return await probe(self.check, self.timeout, self._session)
         except Exception as exc:  # a bug in a check must not freeze the state: count it failed
-            log.exception("readiness check crashed", extra={"check": self.check.url})
+            log.exception(
+                "readiness check crashed",
+                extra={"event": Event.TARGET_CHECK_CRASHED, "check": self.check.url},
+            )
             return f"check crashed: {type(exc).__name__}"
 
     def _apply(self, health: Health, error: str | None) -> None:
@@ -244,7 +246,7 @@ class TargetWatch:
             self._announced = False
             log.info(
                 "app reachable: competing for leadership",
-                extra={"event": EVENT_REACHABLE, "check": self.check.url},
+                extra={"event": Event.TARGET_REACHABLE, "check": self.check.url},
             )
         elif not health.reachable and (before or (error is not None and not self._announced)):
             # Said once per outage: on the way down, or at the first failed check at start.
@@ -255,5 +257,9 @@ class TargetWatch:
             log.log(
                 logging.WARNING if before else logging.INFO,
                 "app unreachable: not competing for leadership, its rows wait",
-                extra={"event": EVENT_UNREACHABLE, "check": self.check.url, "error": self.reason},
+                extra={
+                    "event": Event.TARGET_UNREACHABLE,
+                    "check": self.check.url,
+                    "error": self.reason,
+                },
             )

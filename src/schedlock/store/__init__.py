@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
+from schedlock.core.logs import Event
 from schedlock.store.errors import (
     ConnectionsExhausted,
     LeadershipLost,
@@ -214,16 +215,21 @@ async def wait_for_schema(
             # Refuse to run (never downgrade), but stay up and say why: a rolled-back
             # database or an upgraded image fixes it without a crash loop.
             report(exc)
-            log.error("database schema is newer than this binary", extra={"error": str(exc)})
+            log.error(
+                "database schema is newer than this binary",
+                extra={"event": Event.DATABASE_SCHEMA_NEWER, "error": str(exc)},
+            )
         except (StoreUnavailable, SchemaNotCurrent) as exc:
             report(exc)
             log.warning(
-                "database not ready, retrying", extra={"error": str(exc), "retry_in_s": delay}
+                "database not ready, retrying",
+                extra={"event": Event.DATABASE_NOT_READY, "error": str(exc), "retry_in_s": delay},
             )
         except StoreError as exc:
             report(exc)
             log.warning(
-                "database not usable yet, retrying", extra={"error": str(exc), "retry_in_s": delay}
+                "database not usable yet, retrying",
+                extra={"event": Event.DATABASE_NOT_USABLE, "error": str(exc), "retry_in_s": delay},
             )
         else:
             report(None)

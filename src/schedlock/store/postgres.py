@@ -22,6 +22,7 @@ from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
+from schedlock.core.logs import Event
 from schedlock.store import queries, rows
 from schedlock.store.errors import (
     ConnectionsExhausted,
@@ -341,7 +342,14 @@ class PostgresLockSession:
                 deliver(note.channel, note.payload)
         except psycopg.Error as exc:
             # The session died: the next statement on it says so to the caller.
-            log.debug("notification pump stopped", extra={"key": str(self.key), "error": str(exc)})
+            log.debug(
+                "notification pump stopped",
+                extra={
+                    "event": Event.NOTIFICATIONS_STOPPED,
+                    "key": str(self.key),
+                    "error": str(exc),
+                },
+            )
 
     async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
         """LISTEN on this lock session and call ``on_payload`` for each notification, until
@@ -753,7 +761,11 @@ class PostgresStore:
                         )
                     log.info(
                         "applied migration",
-                        extra={"migration": migration.id, "migration_name": migration.name},
+                        extra={
+                            "event": Event.MIGRATION_APPLIED,
+                            "migration": migration.id,
+                            "migration_name": migration.name,
+                        },
                     )
                     applied.append(migration.id)
                 return applied
