@@ -19,7 +19,7 @@ Definitions (T = request timeout, s = slack, both from the config):
   while the standby heard nothing is lost with the old primary.  SIGTERM has no window: it is
   graceful.  A fault only touches the lock keys in its record (those the victim led when it
   struck; all keys for a PostgreSQL restart or a fail-over).
-* A step-down the sidecars log (``lock session lost`` while leading) that no injected fault
+* A step-down the sidecars log (``lock_session_lost`` while leading) that no injected fault
   explains is an *unplanned step-down* (e.g. a heartbeat starved on a loaded machine).  It ends
   a term like a partition does, so it gets the same window, ending when it was logged; it is
   counted under ``faults["unplanned_stepdown"]``.
@@ -40,8 +40,9 @@ Definitions (T = request timeout, s = slack, both from the config):
 * ``overlapping_terms``: (lock key, old term, newer term) triples where the old term sent
   anything (delivery or attempt) after the newer term's first arrival, outside the in-flight
   window of a fault that ended the old term.  Must be 0.
-* ``recurring_slots_*``: every ``@every 1s`` grid second from the schedule's first slot to the
-  end of the load is expected once.  A slot without delivery is *explained by an outage* when
+* ``recurring_slots_*``: every ``@every 1s`` grid second (``@every Ns`` when the schedule says
+  ``every_seconds``, as the demo's does) from the schedule's first slot to the end of the load
+  is expected once.  A slot without delivery is *explained by an outage* when
   it lies in ``[fault start - 1 s, R)`` of a fault that touched the target's recurring key,
   where R is the first arrival of a newer term of that key after the fault (by design the new
   leader fires only the latest missed slot, so the others in that window are skipped), or
@@ -58,8 +59,8 @@ import itertools
 import json
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,8 @@ from chaos.plan import (
     SIGTERM,
     STOP,
 )
+from schedlock.core.identities import Scheduler, parse_rfc3339, parse_slot_uid, scheduler_of
+from schedlock.core.logs import Event, records
 
 UNPLANNED = "unplanned_stepdown"
 INJECTED_APP_STATUSES = frozenset({503, 504})
@@ -109,10 +112,27 @@ class Entry:
     target: str
     arrival: float
     status: int
+    scheduled: float | None = field(default=None, compare=False)  # due time, database clock
 
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
+
+    @classmethod
+    def parse(cls, e: dict[str, Any]) -> Entry:
+        """One line of a receiver's ``deliveries.jsonl`` (``testbed.receiver``)."""
+        scheduled = e.get("scheduledAt")
+        return cls(
+            uid=str(e["uid"]),
+            key=str(e.get("key")),
+            term=int(e.get("term") or 0),
+            attempt=int(e.get("attempt") or 0),
+            holder=str(e.get("holder")),
+            target=str(e.get("target")),
+            arrival=float(e["arrival"]),
+            status=int(e["status"]),
+            scheduled=_ts(str(scheduled)) if scheduled else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -135,8 +155,8 @@ class RunData:
     entries: list[Entry]
     faults: list[Fault]
     db: dict[str, dict[str, Any]]  # uid -> final row
-    stepdowns: list[dict[str, Any]]  # leading sidecars that logged "lock session lost"
-    acquisitions: list[dict[str, Any]] = field(default_factory=list)  # "acquired leadership"
+    stepdowns: list[dict[str, Any]]  # leading sidecars that logged lock_session_lost
+    acquisitions: list[dict[str, Any]] = field(default_factory=list)  # leadership_acquired
 
 
 # ------------------------------------------------------------------------------- loading
@@ -156,27 +176,15 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _ts(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return parse_rfc3339(text).timestamp()
 
 
 def load(rundir: Path) -> RunData:
     run = json.loads((rundir / "run.json").read_text())
     config = ChaosConfig.from_json(run["config"])
-    entries = []
+    entries: list[Entry] = []
     for path in sorted(rundir.glob("receiver-*/deliveries.jsonl")):
-        for e in _jsonl(path):
-            entries.append(
-                Entry(
-                    uid=str(e["uid"]),
-                    key=str(e.get("key")),
-                    term=int(e.get("term") or 0),
-                    attempt=int(e.get("attempt") or 0),
-                    holder=str(e.get("holder")),
-                    target=str(e.get("target")),
-                    arrival=float(e["arrival"]),
-                    status=int(e["status"]),
-                )
-            )
+        entries.extend(Entry.parse(e) for e in _jsonl(path))
     entries.sort(key=lambda e: e.arrival)
     faults = [
         Fault(
@@ -213,16 +221,13 @@ def sidecar_events(logdir: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     stepdowns: list[dict[str, Any]] = []
     acquisitions: list[dict[str, Any]] = []
     for path in sorted(logdir.glob("*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            lost = '"lock session lost' in line
-            if not lost and '"acquired leadership"' not in line:
-                continue
+        text = path.read_text(errors="replace")
+        for rec in records(text, Event.LOCK_SESSION_LOST, Event.LEADERSHIP_ACQUIRED):
             try:
-                rec = json.loads(line)
                 event = {"holder": path.stem, "ts": _ts(rec["ts"]), "key": str(rec.get("key"))}
-            except (json.JSONDecodeError, KeyError, ValueError):
+            except (KeyError, ValueError):
                 continue
-            if not lost:
+            if rec["event"] == Event.LEADERSHIP_ACQUIRED:
                 acquisitions.append({**event, "term": rec.get("term")})
             elif rec.get("level") == "warning":  # WARNING only when it was leading
                 stepdowns.append({**event, "error": rec.get("error")})
@@ -234,8 +239,7 @@ def sidecar_events(logdir: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
 
 
 def lock_key(entry: Entry, namespace: str) -> str:
-    scheduler = "recurring" if "@" in entry.uid else "publish"
-    return f"{scheduler}/{namespace}/{entry.target}"
+    return f"{scheduler_of(entry.uid)}/{namespace}/{entry.target}"
 
 
 def inflight_window(fault: Fault, config: ChaosConfig) -> tuple[float, float]:
@@ -290,20 +294,35 @@ def classify_stepdowns(data: RunData) -> tuple[list[Fault], list[dict[str, Any]]
     return unplanned, details
 
 
+def crashes(
+    faults: list[Fault], cfg: ChaosConfig, entry: Entry, key: str | None = None
+) -> Iterator[tuple[Fault, float, float]]:
+    """The crash-like faults that touched ``entry``'s lock key and holder, with their
+    in-flight windows."""
+    key = key or lock_key(entry, cfg.namespace)
+    for f in faults:
+        if (f.kind in CRASH_KINDS or f.kind == UNPLANNED) and touches(f, entry.holder, key):
+            yield (f, *inflight_window(f, cfg))
+
+
 def crash_explains(
     faults: list[Fault], cfg: ChaosConfig, first: Entry, again: Entry
 ) -> Fault | None:
     """The crash-like fault that ended ``first``'s term while its outcome was not recorded."""
-    key = lock_key(first, cfg.namespace)
-    for f in faults:
-        if f.kind not in CRASH_KINDS and f.kind != UNPLANNED:
-            continue
-        if not touches(f, first.holder, key):
-            continue
-        lo, hi = inflight_window(f, cfg)
+    for f, lo, hi in crashes(faults, cfg, first):
         if lo <= first.arrival <= hi and f.start <= again.arrival:
             return f
     return None
+
+
+def refire_excused(faults: list[Fault], cfg: ChaosConfig, prev: Entry, cur: Entry) -> Fault | None:
+    """The fault that excuses ``cur`` as a re-delivery of ``prev``: the same Idempotency-Key, a
+    later term (after an asynchronous fail-over its terms are lost too, so any term), and a
+    crash that ended ``prev``'s term while its outcome was not recorded."""
+    cause = crash_explains(faults, cfg, prev, cur)
+    if cause is None or cur.key != prev.key:
+        return None
+    return cause if cur.term > prev.term or cause.kind == FAILOVER_ASYNC else None
 
 
 # ------------------------------------------------------------------------------- the checks
@@ -329,11 +348,8 @@ def check(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
     for uid, got in by_uid.items():
         oks = [e for e in got if e.ok]
         for prev, cur in itertools.pairwise(oks):
-            cause = crash_explains(faults, cfg, prev, cur)
-            later_term = cur.term > prev.term or (
-                cause is not None and cause.kind == FAILOVER_ASYNC  # its terms are lost too
-            )
-            if cur.key == prev.key and later_term and cause is not None:
+            cause = refire_excused(faults, cfg, prev, cur)
+            if cause is not None:
                 same_key += 1
                 excused.append(
                     {
@@ -395,7 +411,9 @@ def check(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
         }
         for uid in lost[:50]
     ]
-    unknown = sorted(uid for uid in by_uid if "@" not in uid and uid not in data.expected)
+    unknown = sorted(
+        uid for uid in by_uid if scheduler_of(uid) is Scheduler.PUBLISH and uid not in data.expected
+    )
 
     # -- recurring ----------------------------------------------------------------------------
     recurring = _recurring(data, faults, by_uid, unexplained_uids)
@@ -487,25 +505,15 @@ def _pair(uid: str, prev: Entry, cur: Entry, t0: float) -> dict[str, Any]:
 def _overlap_excused(
     faults: list[Fault], cfg: ChaosConfig, late: Entry, key: str, successor_first: float
 ) -> bool:
-    for f in faults:
-        if f.kind not in CRASH_KINDS and f.kind != UNPLANNED:
-            continue
-        if not touches(f, late.holder, key):
-            continue
-        _, hi = inflight_window(f, cfg)
-        if f.start <= successor_first and late.arrival <= hi:
-            return True
-    return False
+    return any(
+        f.start <= successor_first and late.arrival <= hi
+        for f, _, hi in crashes(faults, cfg, late, key)
+    )
 
 
 def _slot_of(uid: str) -> tuple[str, float] | None:
-    schedule, sep, when = uid.rpartition("@")
-    if not sep:
-        return None
-    try:
-        return schedule, _ts(when)
-    except ValueError:
-        return None
+    slot = parse_slot_uid(uid)
+    return None if slot is None else (slot[0], slot[1].timestamp())
 
 
 def _recurring(
@@ -546,7 +554,8 @@ def _recurring(
         first = info.get("first_slot")
         if first is None:
             continue
-        for grid in range(round(first), math.floor(data.t_end) + 1):
+        every = int(info.get("every_seconds") or 1)
+        for grid in range(round(first), math.floor(data.t_end) + 1, every):
             expected_slots += 1
             uids = delivered.get((uid, grid), set())
             if len(uids) > 1 or (uids & unexplained_uids):
@@ -605,7 +614,7 @@ def outage_windows(data: RunData, faults: list[Fault]) -> dict[str, list[tuple[f
     """Per target, [from, to) grid seconds a fault may have left unmaterialised by design.
 
     A fault that touched the target's recurring key stalls its materialisation from its start
-    until a leader is back: the first "acquired leadership" of that key after the fault (or the
+    until a leader is back: the first ``leadership_acquired`` of that key after the fault (or the
     heal, when the leader just resumed).  That leader fires the latest slot at or before the
     moment it materialises (the catch-up) and skips the earlier ones, so slots from one second
     before the fault up to, not including, the catch-up second are excused.  When the
@@ -616,7 +625,7 @@ def outage_windows(data: RunData, faults: list[Fault]) -> dict[str, list[tuple[f
     bound = cfg.lease_seconds + cfg.heartbeat_seconds + 5 * cfg.slack_seconds
     windows: dict[str, list[tuple[float, int, str]]] = {t: [] for t in cfg.targets}
     for target in cfg.targets:
-        key = f"recurring/{cfg.namespace}/{target}"
+        key = f"{Scheduler.RECURRING}/{cfg.namespace}/{target}"
         for f in faults:
             if f.kind not in CRASH_KINDS | {SIGTERM, UNPLANNED} or key not in f.keys:
                 continue
@@ -654,6 +663,13 @@ def _lateness(data: RunData, by_uid: dict[str, list[Entry]]) -> dict[str, Any]:
     }
 
 
+def first_new_term_arrival(entries: list[Entry], start: float) -> float | None:
+    """When the first delivery of a term newer than the last one seen by ``start`` arrived
+    (``entries``: one lock key's, in arrival order): the hand-over as the app sees it."""
+    before = max((e.term for e in entries if e.arrival <= start), default=0)
+    return next((e.arrival for e in entries if e.arrival > start and e.term > before), None)
+
+
 def _failovers(data: RunData) -> list[dict[str, Any]]:
     """For each leader-ending fault: seconds until a newer term's first arrival per key."""
     out = []
@@ -665,9 +681,7 @@ def _failovers(data: RunData) -> list[dict[str, Any]]:
             continue
         gaps = {}
         for key in sorted(f.keys):
-            es = per_key.get(key, [])
-            before = max((e.term for e in es if e.arrival <= f.start), default=0)
-            nxt = next((e.arrival for e in es if e.arrival > f.start and e.term > before), None)
+            nxt = first_new_term_arrival(per_key.get(key, []), f.start)
             gaps[key] = None if nxt is None else round(nxt - f.start, 3)
         out.append(
             {
@@ -681,7 +695,8 @@ def _failovers(data: RunData) -> list[dict[str, Any]]:
 
 
 def log_levels(rundir: Path) -> dict[str, Any]:
-    """Warnings and errors the sidecars and the operator logged, by message (report only)."""
+    """Warnings and errors the sidecars and the operator logged, by event (report only; by
+    message for library records, which have no event)."""
     counts: dict[str, collections.Counter[str]] = {
         "error": collections.Counter(),
         "warning": collections.Counter(),
@@ -703,7 +718,7 @@ def log_levels(rundir: Path) -> dict[str, Any]:
                 level = "error"
             if level not in counts:
                 continue
-            what = f"{rec.get('logger')}: {rec.get('msg')}"
+            what = f"{rec.get('logger')}: {rec.get('event') or rec.get('msg')}"
             counts[level][what] += 1
             samples.setdefault(what, json.dumps(rec)[:600])
     return {

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from schedlock.operator import crd
+
 
 @dataclass(frozen=True)
 class ChaosConfig:
@@ -29,8 +31,8 @@ class ChaosConfig:
     slot_deadline_seconds: int = 30
     row_max_attempts: int = 40  # direct rows: generous, so an injected 5xx period never exhausts
     row_backoff_seconds: float = 0.25
-    object_max_attempts: int = 20  # the CRD's maximum
-    object_backoff_seconds: int = 1  # the CRD's minimum
+    object_max_attempts: int = crd.MAX_ATTEMPTS
+    object_backoff_seconds: int = crd.MIN_BACKOFF_SECONDS
 
     # Faults stop this long before the end of the load, so that every row can settle.
     quiet_tail_seconds: float = 20.0

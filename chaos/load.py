@@ -23,10 +23,12 @@ import psycopg
 
 from chaos.config import ChaosConfig
 from chaos.stack import Stack, log
+from schedlock.core.identities import rfc3339
+from schedlock.operator import crd
 from schedlock.store import ScheduleSpec, open_store
 
 TICK = 0.5
-SP_API = "/apis/schedlock.dev/v1/namespaces/{ns}/scheduledpublishes"
+SP_API = f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{{ns}}/{crd.PLURAL}"
 
 INSERT_ROWS = """
 INSERT INTO schedlock_publishes (scheduler, namespace, name, uid, target, due_at,
@@ -82,17 +84,25 @@ async def create_schedules(stack: Stack, config: ChaosConfig) -> list[dict[str, 
     return made
 
 
-class DirectRows:
-    """~rows_per_second x (1 - operator_share) rows a second, inserted in small batches."""
+class _Load:
+    """One stream of one-shot rows, with its own random stream (``stream``) of the seed."""
+
+    stream = 0
 
     def __init__(self, stack: Stack, config: ChaosConfig, expected: Expected) -> None:
         self.stack = stack
         self.config = config
         self.expected = expected
-        self.rng = random.Random(config.seed * 7919 + 1)
+        self.rng = random.Random(config.seed * 7919 + self.stream)
         self.seq = 0
         self.failures = 0
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+
+class DirectRows(_Load):
+    """~rows_per_second x (1 - operator_share) rows a second, inserted in small batches."""
+
+    stream = 1
+    _conn: psycopg.AsyncConnection[Any] | None = None
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -158,16 +168,10 @@ class DirectRows:
         return True
 
 
-class ObjectRows:
+class ObjectRows(_Load):
     """The operator's share: ScheduledPublish objects created through the API server."""
 
-    def __init__(self, stack: Stack, config: ChaosConfig, expected: Expected) -> None:
-        self.stack = stack
-        self.config = config
-        self.expected = expected
-        self.rng = random.Random(config.seed * 7919 + 2)
-        self.seq = 0
-        self.failures = 0
+    stream = 2
 
     async def run(self, until: float) -> None:
         rate = self.config.rows_per_second * self.config.operator_share
@@ -184,12 +188,12 @@ class ObjectRows:
             target = self.rng.choice(self.config.targets)
             at = datetime.now(UTC) + timedelta(seconds=lead)
             body = {
-                "apiVersion": "schedlock.dev/v1",
-                "kind": "ScheduledPublish",
+                "apiVersion": f"{crd.GROUP}/{crd.VERSION}",
+                "kind": crd.KIND,
                 "metadata": {"name": name},
                 "spec": {
                     "target": target,
-                    "publishAt": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                    "publishAt": rfc3339(at, "microseconds"),
                     "payload": {"chaos": name},
                     "retry": {
                         "maxAttempts": self.config.object_max_attempts,

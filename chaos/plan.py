@@ -17,10 +17,12 @@ necessarily the same process.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from chaos.config import ChaosConfig
+from schedlock.core.identities import Scheduler
 
 KILL = "kill_leader"
 STOP = "sigstop_leader"
@@ -120,6 +122,31 @@ def _infra(kind: str, rng: random.Random, config: ChaosConfig) -> tuple[float, s
     raise ValueError(kind)
 
 
+def _placed(
+    rng: random.Random,
+    config: ChaosConfig,
+    kind: str,
+    t: float,
+    hold: float,
+    variant: str,
+    scheduler_and_pick: Callable[[], tuple[str, float]] | tuple[str, float],
+) -> PlannedFault:
+    """A fault at ``t`` against a random target; the draws stay in the order seeds rely on
+    (target first, then the scheduler and the pick)."""
+    target = rng.choice(config.targets)
+    drawn = scheduler_and_pick
+    scheduler, pick = drawn if isinstance(drawn, tuple) else drawn()
+    return PlannedFault(
+        kind=kind,
+        at=round(t, 3),
+        hold=round(hold, 3),
+        target=target,
+        scheduler=scheduler,
+        variant=variant,
+        pick=pick,
+    )
+
+
 def plan_faults(config: ChaosConfig) -> list[PlannedFault]:
     rng = random.Random(config.seed)
     end = config.duration - config.quiet_tail_seconds
@@ -137,14 +164,17 @@ def plan_faults(config: ChaosConfig) -> list[PlannedFault]:
         if t + settle > end:
             break
         faults.append(
-            PlannedFault(
-                kind=kind,
-                at=round(t, 3),
-                hold=round(hold, 3),
-                target=rng.choice(config.targets),
-                scheduler="publish" if rng.random() < 0.6 else "recurring",
-                variant=variant,
-                pick=rng.random(),
+            _placed(
+                rng,
+                config,
+                kind,
+                t,
+                hold,
+                variant,
+                lambda: (
+                    Scheduler.PUBLISH if rng.random() < 0.6 else Scheduler.RECURRING,
+                    rng.random(),
+                ),
             )
         )
         t += settle + rng.uniform(2.0, 6.0)
@@ -161,14 +191,14 @@ def plan_faults(config: ChaosConfig) -> list[PlannedFault]:
         if t + hold > end:
             break
         faults.append(
-            PlannedFault(
-                kind=kind,
-                at=round(t, 3),
-                hold=round(hold, 3),
-                target=rng.choice(config.targets),
-                scheduler="",
-                variant=f"{delay:g}s" if delay else "",
-                pick=delay,
+            _placed(
+                rng,
+                config,
+                kind,
+                t,
+                hold,
+                f"{delay:g}s" if delay else "",
+                ("", delay),
             )
         )
         t += hold + rng.uniform(6.0, 18.0)

@@ -29,7 +29,7 @@ import psycopg
 from chaos import checker
 from chaos.config import ChaosConfig
 from chaos.faults import FaultRunner
-from chaos.load import DirectRows, Expected, ObjectRows, create_schedules
+from chaos.load import SP_API, DirectRows, Expected, ObjectRows, create_schedules
 from chaos.plan import APP_KINDS, plan_faults
 from chaos.stack import Stack, log
 
@@ -293,7 +293,7 @@ async def _drain(stack: Stack, config: ChaosConfig, run_info: dict[str, Any], t_
 async def _object_statuses(stack: Stack, config: ChaosConfig, run_info: dict[str, Any]) -> None:
     """Every ScheduledPublish should end with status.phase Published: the operator's status
     sync (NOTIFY + sweep) must survive its own kills and the database restarts."""
-    path = f"/apis/schedlock.dev/v1/namespaces/{config.namespace}/scheduledpublishes"
+    path = SP_API.format(ns=config.namespace)
     deadline = time.time() + 20
     phases: dict[str, int] = {}
     while time.time() < deadline:

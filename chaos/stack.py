@@ -22,7 +22,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -114,31 +113,10 @@ def multi_host_url(user: str, dbname: str, ports: list[int]) -> str:
 
 @dataclass
 class ChaosOperator(OperatorProcess):
-    """OperatorProcess that starts without blocking the event loop (restarts mid-run)."""
+    """OperatorProcess that starts without blocking the event loop (restarts mid-run:
+    ``spawn`` then ``await wait_healthy``)."""
 
-    def spawn(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")},
-            "KUBECONFIG": str(self.kubeconfig),
-            "SCHEDLOCK_DATABASE_URL": self.database_url,
-            "SCHEDLOCK_HEALTH_PORT": str(self.health_port),
-            "SCHEDLOCK_WEBHOOK_PORT": str(self.webhook_port),
-            "SCHEDLOCK_WEBHOOK_HOST": "127.0.0.1",
-            "SCHEDLOCK_HOLDER": "chaos-operator",
-            "SCHEDLOCK_SYNC_SWEEP_SECONDS": "5",
-            "SCHEDLOCK_MIGRATE": "off",
-            **self.extra_env,
-        }
-        with self.log_path.open("ab") as out:
-            self.process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "schedlock"), "operator"],
-                env=env,
-                stdout=out,
-                stderr=out,
-                cwd=self.workdir,
-                preexec_fn=die_with_parent(),
-            )
+    holder: str = "chaos-operator"
 
     async def wait_healthy(self, session: aiohttp.ClientSession, timeout: float = 90) -> bool:
         deadline = time.monotonic() + timeout
@@ -288,7 +266,7 @@ class Stack:
             self.rundir / "operator",
             self.operator_url,
             kubeconfig,
-            extra_env={"SCHEDLOCK_REASSERT_SECONDS": "5"},
+            extra_env={"SCHEDLOCK_REASSERT_SECONDS": "5", "SCHEDLOCK_MIGRATE": "off"},
         )
         self.operator.spawn()
 

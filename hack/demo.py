@@ -55,8 +55,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python hack/demo.py` puts hack/, not the root, on the path
     sys.path.insert(0, str(REPO))
 
+from chaos import checker  # noqa: E402
+from chaos.checker import Entry, Fault, RunData  # noqa: E402
+from chaos.config import ChaosConfig  # noqa: E402
+from chaos.plan import KILL, SIGTERM  # noqa: E402
+from schedlock.core.identities import Scheduler, parse_slot_uid, slot_uid  # noqa: E402
 from testbed.pg import PostgresServer, server_dir  # noqa: E402
-from testbed.sidecars import ReceiverProcess, SidecarProcess  # noqa: E402
+from testbed.sidecars import ReceiverProcess, SidecarProcess, wait_for  # noqa: E402
 
 # --------------------------------------------------------------------------------- the plan
 
@@ -66,6 +71,7 @@ REPLICAS = 3
 SIDECAR_ENV = {
     "SCHEDLOCK_LEASE_SECONDS": "5",
     "SCHEDLOCK_HEARTBEAT_SECONDS": "1",
+    "SCHEDLOCK_REQUEST_TIMEOUT_SECONDS": "10",
     "SCHEDLOCK_LOG_FORMAT": "text",
     "SCHEDLOCK_LOG_LEVEL": "info",
 }
@@ -86,6 +92,17 @@ TERMS_POLL_INTERVAL = 0.025
 REORDER_SECONDS = 0.1  # output lags this much so that lines come out in time order
 
 _MARK = "schedlock-demo"  # payload key identifying rows and schedules made by this script
+# The chaos checker judges the demo's deliveries too: its in-flight windows need these.
+CHECKER_CONFIG = ChaosConfig(
+    seed=0,
+    targets=(TARGET,),
+    replicas=REPLICAS,
+    namespace=NAMESPACE,
+    with_operator=False,
+    lease_seconds=float(SIDECAR_ENV["SCHEDLOCK_LEASE_SECONDS"]),
+    heartbeat_seconds=float(SIDECAR_ENV["SCHEDLOCK_HEARTBEAT_SECONDS"]),
+    request_timeout_seconds=float(SIDECAR_ENV["SCHEDLOCK_REQUEST_TIMEOUT_SECONDS"]),
+)
 
 
 class DemoError(RuntimeError):
@@ -108,32 +125,6 @@ def schedlock_bin() -> str:
 # --------------------------------------------------------------------------------- records
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """One line of the receiver's log: a POST that reached the app."""
-
-    uid: str
-    key: str
-    term: int
-    attempt: int
-    holder: str
-    scheduled: float  # due time, database clock (epoch seconds)
-    arrival: float  # when the app got it, local clock
-
-    @classmethod
-    def parse(cls, entry: dict[str, Any]) -> Delivery:
-        scheduled = datetime.fromisoformat(str(entry["scheduledAt"]).replace("Z", "+00:00"))
-        return cls(
-            uid=str(entry["uid"]),
-            key=str(entry.get("key")),
-            term=int(entry.get("term") or 0),
-            attempt=int(entry.get("attempt") or 0),
-            holder=str(entry.get("holder")),
-            scheduled=scheduled.timestamp(),
-            arrival=float(entry["arrival"]),
-        )
-
-
 @dataclass
 class KeyState:
     term: int
@@ -149,9 +140,15 @@ class Handover:
     process: SidecarProcess
     sent_at: float  # local clock
     probe_uid: str
-    crashed_terms: set[tuple[str, int]]  # (scheduler, term) the victim led and did not release
+    keys: frozenset[str]  # the lock keys the victim led
     granted_after: float | None = None  # new term's start minus the signal
     new_leader: str | None = None
+
+    @property
+    def fault(self) -> Fault:
+        """As the chaos checker sees it (a SIGTERM excuses nothing: it is graceful)."""
+        kind = KILL if self.signal == "SIGKILL" else SIGTERM
+        return Fault(kind, self.sent_at, self.sent_at, self.victim, self.keys)
 
 
 @dataclass
@@ -163,6 +160,7 @@ class Outcome:
     duplicates: list[str]
     explained: list[str]
     handover_ms: list[float | None]
+    skipped: int  # recurring slots skipped by design after an outage (the checker's rule)
 
 
 # --------------------------------------------------------------------------------- the demo
@@ -187,8 +185,9 @@ class Demo:
     broke_off: float | None = None  # when the scenario stopped early (an error)
     probes: dict[str, Handover] = field(default_factory=dict)  # probe uid -> its hand-over
     handovers: list[Handover] = field(default_factory=list)
-    deliveries: dict[str, list[Delivery]] = field(default_factory=dict)
+    deliveries: dict[str, list[Entry]] = field(default_factory=dict)
     keys: dict[str, KeyState] = field(default_factory=dict)
+    acquisitions: list[dict[str, Any]] = field(default_factory=list)  # for the checker
     signalled: set[int] = field(default_factory=set)  # pids we sent a signal to
     exited: set[int] = field(default_factory=set)
     _lines: list[tuple[float, int, str, str]] = field(default_factory=list)
@@ -386,14 +385,14 @@ class Demo:
         self.flush(REORDER_SECONDS)
 
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def pumped() -> Any:
             self.pump()
-            if predicate():
-                return
-            if time.monotonic() > deadline:
-                raise DemoError(f"timed out after {timeout:g} s waiting for {what}")
-            time.sleep(PUMP_INTERVAL)
+            return predicate()
+
+        try:
+            wait_for(pumped, timeout, PUMP_INTERVAL, what)
+        except TimeoutError as exc:
+            raise DemoError(str(exc)) from None
 
     def sleep_until(self, moment: float) -> None:
         while time.time() < moment:
@@ -419,14 +418,14 @@ class Demo:
         events = []
         for line in lines:
             if line.strip():
-                delivery = Delivery.parse(json.loads(line))
+                delivery = Entry.parse(json.loads(line))
                 events.append(self._on_delivery(delivery))
         return events
 
-    def _on_delivery(self, d: Delivery) -> tuple[float, str, str]:
+    def _on_delivery(self, d: Entry) -> tuple[float, str, str]:
         earlier = self.deliveries.setdefault(d.uid, [])
         earlier.append(d)
-        late = d.arrival - (d.scheduled - self.offset)
+        late = d.arrival - ((d.scheduled or d.arrival) - self.offset)
         name, note = self.describe(d.uid)
         tag = "fire"
         if len(earlier) > 1:
@@ -442,21 +441,20 @@ class Demo:
             return self.names[uid], f"  <- made due at the {self.probes[uid].signal}"
         if uid in self.names:
             return self.names[uid], ""
-        if self.schedule_uid and uid.startswith(self.schedule_uid + "@"):
-            slot = _slot_time(uid)  # database clock, on the @every grid
+        parsed = parse_slot_uid(uid)
+        if self.schedule_uid and parsed is not None and parsed[0] == self.schedule_uid:
+            slot = parsed[1].timestamp()  # database clock, on the @every grid
             name = f"every-{EVERY_SECONDS}s {clock(slot)[:8]}"
             if slot - self.offset <= self.t0 or slot - self.offset > self.window_end:
                 return name, "  (recurring, outside window)"
             return name, "  (recurring)"
         return uid[:17], "  (not from this run)"
 
-    def _crashed(self) -> set[tuple[str, int]]:
-        return {term for h in self.handovers for term in h.crashed_terms}
-
-    def explained(self, previous: Delivery, again: Delivery) -> bool:
-        """A re-delivery is expected only when the earlier one's term was SIGKILLed."""
-        scheduler = "recurring" if "@" in previous.uid else "publish"
-        return (scheduler, previous.term) in self._crashed() and again.term > previous.term
+    def explained(self, previous: Entry, again: Entry) -> bool:
+        """The chaos checker's rule: a re-delivery is expected only with the same key, from a
+        later term, when ``previous`` was in flight as its term was SIGKILLed."""
+        faults = [h.fault for h in self.handovers]
+        return checker.refire_excused(faults, CHECKER_CONFIG, previous, again) is not None
 
     def _poll_terms(self) -> list[tuple[float, str, str]]:
         if self.conn is None:
@@ -476,6 +474,8 @@ class Demo:
                 continue  # registered, never led
             if old is None or new.term > old.term:
                 at = (new.since or time.time() + self.offset) - self.offset
+                key = f"{scheduler}/{NAMESPACE}/{TARGET}"
+                self.acquisitions.append({"key": key, "ts": at, "term": new.term})
                 previous = None if old is None else old.holder
                 events.append((at, "lead", self._lead_text(scheduler, new, previous, at)))
         return events
@@ -508,7 +508,7 @@ class Demo:
 
     # ---------------------------------------------------------------- the scenario
 
-    def leader(self, scheduler: str = "publish") -> SidecarProcess:
+    def leader(self, scheduler: str = Scheduler.PUBLISH) -> SidecarProcess:
         def leaders() -> list[SidecarProcess]:
             return [s for s in self.sidecars if s.alive() and s.leads(scheduler)]
 
@@ -522,21 +522,17 @@ class Demo:
         return found[0]
 
     def hand_over(self, sig: signal.Signals) -> Handover:
-        victim = self.leader("publish")
+        victim = self.leader(Scheduler.PUBLISH)
         metrics = victim.metrics()
-        led = [s for s in ("publish", "recurring") if _gauge(metrics, "schedlock_leader", s) == 1]
-        crashed = (
-            {(s, int(_gauge(metrics, "schedlock_term", s))) for s in led}
-            if sig is signal.SIGKILL
-            else set()
-        )
+        led = [s for s in Scheduler if _gauge(metrics, "schedlock_leader", s) == 1]
+        keys = frozenset(f"{s}/{NAMESPACE}/{TARGET}" for s in led)
         roles = " and ".join(f"{s} (term {int(_gauge(metrics, 'schedlock_term', s))})" for s in led)
         self.pump()  # print what arrived before the signal first
         assert victim.process is not None
         assert self.conn is not None
         probe = f"demo-{self.run_id}-at-{sig.name[3:].lower()}"
         self.names[probe] = f"at-{sig.name[3:].lower()}"
-        handover = Handover(sig.name, victim.name, victim, time.time(), probe, crashed)
+        handover = Handover(sig.name, victim.name, victim, time.time(), probe, keys)
         self.due[probe] = handover.sent_at
         self.signalled.add(victim.process.pid)
         victim.process.send_signal(sig)
@@ -607,7 +603,11 @@ class Demo:
         end = self.cutoff() + self.offset
         first = (int(start) // EVERY_SECONDS + 1) * EVERY_SECONDS
         slots = range(first, int(end) + 1, EVERY_SECONDS)
-        return [f"{self.schedule_uid}@{_slot_uid_time(s)}" for s in slots if start < s <= end]
+        return [
+            slot_uid(self.schedule_uid, datetime.fromtimestamp(s, UTC))
+            for s in slots
+            if start < s <= end
+        ]
 
     def expected_uids(self) -> list[str]:
         one_shots = [uid for uid in self.names if self.due[uid] <= self.cutoff()]
@@ -616,24 +616,59 @@ class Demo:
     # ---------------------------------------------------------------- result
 
     def outcome(self) -> Outcome:
-        expected = self.expected_uids()
-        fired = [u for u in expected if u in self.deliveries]
-        lost = [u for u in expected if u not in self.deliveries]
-        duplicates, explained = [], []
-        for uid, got in self.deliveries.items():
-            if uid not in expected or len(got) < 2:
-                continue
-            pairs = list(itertools.pairwise(got))
-            if all(self.explained(a, b) for a, b in pairs):
-                explained.append(uid)
-            else:
-                duplicates.append(uid)
+        """The chaos checker's verdict over what the app received (``chaos.checker.check``)."""
+        one_shots = [uid for uid in self.names if self.due[uid] <= self.cutoff()]
+        slots = self.expected_slots()
+        schedules = {}
+        if self.schedule_uid is not None and slots:
+            first = parse_slot_uid(slots[0])
+            assert first is not None
+            schedules[self.schedule_uid] = {
+                "target": TARGET,
+                "first_slot": first[1].timestamp(),
+                "every_seconds": EVERY_SECONDS,
+            }
+        data = RunData(
+            config=CHECKER_CONFIG,
+            t0=self.t0,
+            t_end=self.cutoff() + self.offset,
+            expected={u: {"kind": "row", "target": TARGET, "due": self.due[u]} for u in one_shots},
+            schedules=schedules,
+            entries=sorted((e for got in self.deliveries.values() for e in got), key=_arrival),
+            faults=[h.fault for h in self.handovers],
+            db={},
+            stepdowns=[],
+            acquisitions=sorted(self.acquisitions, key=lambda a: float(a["ts"])),
+        )
+        _, report = checker.check(data)
+        recurring = report["recurring"]
+        lost = [d["uid"] for d in report["lost"]] + [
+            slot_uid(m["schedule"], datetime.fromtimestamp(m["slot"], UTC))
+            for m in recurring["missed"]
+        ]
+        expected = one_shots + slots
+        duplicates = sorted({d["uid"] for d in report["duplicates_without_crash"]} & set(expected))
+        explained = sorted(
+            {d["uid"] for d in report["duplicates_excused"]} & set(expected) - set(duplicates)
+        )
+        publish_key = f"{Scheduler.PUBLISH}/{NAMESPACE}/{TARGET}"
+        publish = [e for e in data.entries if checker.lock_key(e, NAMESPACE) == publish_key]
         handover_ms: list[float | None] = []
         for h in self.handovers:
-            got = [d for d in self.deliveries.get(h.probe_uid, []) if d.holder != h.victim]
-            handover_ms.append(round((got[0].arrival - h.sent_at) * 1000, 1) if got else None)
+            first_new = checker.first_new_term_arrival(publish, h.sent_at)
+            handover_ms.append(
+                None if first_new is None else round((first_new - h.sent_at) * 1000, 1)
+            )
+        fired = len(one_shots) - len(report["lost"]) + recurring["delivered_slots"]
         return Outcome(
-            expected, self.expected_slots(), len(fired), lost, duplicates, explained, handover_ms
+            expected,
+            slots,
+            fired,
+            lost,
+            duplicates,
+            explained,
+            handover_ms,
+            recurring["skipped_by_outage"],
         )
 
     def summary(self, outcome: Outcome, elapsed: float, error: str | None) -> None:
@@ -674,20 +709,26 @@ class Demo:
             print("           with the same Idempotency-Key (at-least-once across a crash)")
         dups = ", ".join(self.describe(u)[0] for u in outcome.duplicates)
         print(f"duplicates {len(outcome.duplicates)} unexplained{': ' + dups if dups else ''}")
+        if outcome.skipped:
+            print(
+                f"skipped    {outcome.skipped} recurring slots skipped by design after the kill "
+                "(the new leader fires only the latest missed slot)"
+            )
         for h, measured in zip(self.handovers, outcome.handover_ms, strict=True):
             granted = "?" if h.granted_after is None else ms(h.granted_after)
             seen = "never" if measured is None else f"{measured:.0f} ms"
             print(
                 f"hand-over  {h.signal} {h.victim} -> {h.new_leader or '?'}: lock granted after "
-                f"{granted}, probe at the app after {seen}"
+                f"{granted}, new term at the app after {seen}"
             )
         if self.handovers:
-            print("           (handover_ms: from the signal until a row made due at that instant")
-            print("           reached the app, measured at the receiver)")
+            print("           (handover_ms: from the signal until the next term's first delivery")
+            print("           reached the app: the probe row made due at that instant, or a row")
+            print("           in flight at the kill re-fired; measured at the receiver)")
         lateness = [
             got[0].arrival - (got[0].scheduled - self.offset)
             for uid, got in self.deliveries.items()
-            if uid in self.names and uid not in self.probes
+            if uid in self.names and uid not in self.probes and got[0].scheduled is not None
         ]
         if lateness:
             print(
@@ -773,13 +814,8 @@ def _gauge(metrics: dict[str, float], name: str, scheduler: str) -> float:
     return 0.0
 
 
-def _slot_uid_time(epoch: int) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _slot_time(uid: str) -> float:
-    raw = uid.rsplit("@", 1)[1]
-    return datetime.strptime(raw, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+def _arrival(entry: Entry) -> float:
+    return entry.arrival
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:

@@ -38,7 +38,7 @@ class Trial:
     victim: str
     successor: str | None
     exit_code: int | None = None
-    # schedlock only, from the successor's log: signal -> "acquired leadership" of the key,
+    # schedlock only, from the successor's log: signal -> leadership_acquired of the key,
     # and acquired -> its first delivery at the receiver
     acquired_ms: float | None = None
     first_fire_ms: float | None = None

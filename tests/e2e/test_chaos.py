@@ -15,12 +15,14 @@ import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chaos.checker import MUST_BE_ZERO, VERDICT_KEYS, Entry, Fault, RunData, check
 from chaos.config import ChaosConfig
 from chaos.plan import ALL_KINDS, plan_faults
+from schedlock.core.identities import slot_uid
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("CHAOS_SEED", "3"))
@@ -203,7 +205,24 @@ def test_checker_a_lock_on_the_read_only_old_primary_is_a_violation() -> None:
 
 def slot(schedule: str, second: int, micros: int = 0) -> str:
     when = datetime.fromtimestamp(T0 + second, UTC) + timedelta(microseconds=micros)
-    return f"{schedule}@{when:%Y-%m-%dT%H:%M:%S.%fZ}"
+    return slot_uid(schedule, when)
+
+
+def restart_run(entries: list[Entry], back_at: float, db: dict[str, Any] | None = None) -> RunData:
+    """Schedule ``s`` of target alpha over 60 s; the database restarts at 29.5 (up at 30.8)
+    and a leader of its key is back at ``back_at``."""
+    return RunData(
+        config=CONFIG,
+        t0=T0,
+        t_end=T0 + 60,
+        expected={},
+        schedules={"s": {"target": "alpha", "first_slot": T0}},
+        entries=sorted(entries, key=lambda e: e.arrival),
+        faults=[fault("pg_restart", 29.5, end=30.8, victim=None)],
+        db=db or {},
+        stepdowns=[],
+        acquisitions=[{"key": f"recurring/{NS}/alpha", "ts": T0 + back_at, "holder": "a-1"}],
+    )
 
 
 @pytest.mark.parametrize(("back_at", "missed", "skipped"), [(31.7, 1, 2), (31.2, 2, 1)])
@@ -219,19 +238,7 @@ def test_checker_slots_missed_doubled_and_skipped_by_an_outage(
         if s not in (20, 30, 31)
     ]
     entries.append(entry(slot("s", 40, micros=1), 40.02, 2, "a-1"))  # a second uid, slot 40
-    data = RunData(
-        config=CONFIG,
-        t0=T0,
-        t_end=T0 + 60,
-        expected={},
-        schedules={"s": {"target": "alpha", "first_slot": T0}},
-        entries=sorted(entries, key=lambda e: e.arrival),
-        faults=[fault("pg_restart", 29.5, end=30.8, victim=None)],
-        db={},
-        stepdowns=[],
-        acquisitions=[{"key": f"recurring/{NS}/alpha", "ts": T0 + back_at, "holder": "a-1"}],
-    )
-    verdict, report = check(data)
+    verdict, report = check(restart_run(entries, back_at))
     assert verdict["recurring_slots_missed"] == missed, report["recurring"]
     assert report["recurring"]["skipped_by_outage"] == skipped
     assert verdict["recurring_slots_doubled"] == 1, report["recurring"]  # second 40
@@ -240,16 +247,5 @@ def test_checker_slots_missed_doubled_and_skipped_by_an_outage(
 
 def test_checker_a_slot_that_made_a_row_is_never_skipped_by_an_outage() -> None:
     entries = [entry(slot("s", s), s + 0.01, 1, "a-0") for s in range(61) if s != 30]
-    data = RunData(
-        config=CONFIG,
-        t0=T0,
-        t_end=T0 + 60,
-        expected={},
-        schedules={"s": {"target": "alpha", "first_slot": T0}},
-        entries=entries,
-        faults=[fault("pg_restart", 29.5, end=30.8, victim=None)],
-        db={slot("s", 30): {"state": "firing"}},
-        stepdowns=[],
-        acquisitions=[{"key": f"recurring/{NS}/alpha", "ts": T0 + 31.7, "holder": "a-1"}],
-    )
+    data = restart_run(entries, 31.7, db={slot("s", 30): {"state": "firing"}})
     assert check(data)[0]["recurring_slots_missed"] == 1

@@ -24,6 +24,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from schedlock.core.logs import Event, records
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID
 from testbed.pg import PostgresServer
 from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
@@ -352,7 +353,7 @@ def test_too_many_clients_backs_off_says_so_and_recovers(tmp_path: Path) -> None
         assert during <= 6, during
         status, body = http_get(reserve.url("/readyz"))
         assert status == 200 and "out of connection slots" in body, (status, body)
-        assert "connections_refused" in reserve.log_text()
+        assert list(records(reserve.log_text(), Event.CONNECTIONS_REFUSED))
         assert {k: v for k, v in census(group).items() if v} == {
             "leader": 1,
             "standby": 2,
@@ -376,7 +377,8 @@ def test_too_many_clients_backs_off_says_so_and_recovers(tmp_path: Path) -> None
                 timeout=30,
                 what="the superuser sidecar to refuse a reserved slot",
             )
-            assert "reserved connection slots" in superuser.log_text()
+            refused = records(superuser.log_text(), Event.CONNECTIONS_REFUSED)
+            assert any("reserved connection slots" in r["error"] for r in refused)
             assert role_of(superuser) == "reserve"
         finally:
             superuser.stop()

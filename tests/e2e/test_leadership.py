@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from schedlock.core.logs import Event, records
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 from testbed.checks import assert_duplicates_only_across_crash
 from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
@@ -128,7 +129,7 @@ def test_sigstop_past_the_lease(group: SidecarGroup, migrated_database: str) -> 
             (leader.name, resumed_at),
         ).fetchone()
     assert changed == (0,)
-    assert "lock session lost" in leader.log_text()
+    assert list(records(leader.log_text(), Event.LOCK_SESSION_LOST))
     assert leader.alive()
     late = [
         e

@@ -8,13 +8,13 @@ due every 200 ms ended ``failed`` when the leader's app died while its sidecar r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from schedlock.core.logs import records
 from testbed.checks import assert_duplicates_only_across_crash
 from testbed.pg import free_port
 from testbed.rows import insert_rows, row_states
@@ -56,11 +56,7 @@ class Pod:
         return self.sidecar.metrics().get("schedlock_target_up")
 
     def events(self) -> list[str]:
-        found = []
-        for line in self.sidecar.log_text().splitlines():
-            if line.startswith("{"):
-                found.append(str(json.loads(line).get("event")))
-        return found
+        return [str(r.get("event")) for r in records(self.sidecar.log_text())]
 
     def stop(self) -> None:
         self.sidecar.stop()

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from schedlock.core.logs import Event, records
 from testbed.operators import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
@@ -409,7 +410,8 @@ def test_one_status_sync_at_a_time_and_a_clean_shutdown(stack: Stack, tmp_path: 
         )
         time.sleep(2)
         assert stack.events("twice").count("Published") == 1, stack.events("twice")
-        assert "status sync active" not in second.log_text()  # waiting on the advisory lock
+        # waiting on the advisory lock
+        assert not list(records(second.log_text(), Event.STATUS_SYNC_ACTIVE))
         assert len(stack.deliveries(uid)) == 1
     finally:
         assert second.process is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 
+from schedlock.core.logs import Event, records
 from schedlock.store import open_store
 from testbed.kube import KubeAPIServer
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
@@ -118,4 +119,5 @@ def test_sigterm_while_waiting_for_the_database_exits_cleanly(
     assert operator.process is not None
     operator.process.send_signal(signal.SIGTERM)
     assert operator.process.wait(10) == 0
-    assert "operator stopped before the database was ready" in operator.log_text()
+    stopped = list(records(operator.log_text(), Event.OPERATOR_STOPPED))
+    assert [r["database_ready"] for r in stopped] == [False]

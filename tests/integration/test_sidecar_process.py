@@ -6,6 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from schedlock.core.logs import Event, records
 from testbed.pg import PostgresServer, free_port
 from testbed.rows import insert_rows
 from testbed.sidecars import (
@@ -81,7 +82,7 @@ def test_database_down_at_start_waits_not_ready_then_recovers(tmp_path: Path) ->
         server.start()
         sidecar.wait_ready(timeout=30)
         wait_for(lambda: sidecar.leads("publish"), timeout=10, what="leadership after recovery")
-        assert "database not ready, retrying" in sidecar.log_text()
+        assert list(records(sidecar.log_text(), Event.DATABASE_NOT_READY))
     finally:
         sidecar.stop()
         server.destroy()
