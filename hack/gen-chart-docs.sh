@@ -11,8 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CHART=charts/schedlock
-DOC=docs/install.md
+# Overridable so a test can check a spoiled copy.
+CHART="${SCHEDLOCK_CHART_DIR:-charts/schedlock}"
+DOC="${SCHEDLOCK_INSTALL_DOC:-docs/install.md}"
 BEGIN='<!-- values table: generated from charts/schedlock/values.yaml by `bash hack/gen-chart-docs.sh`, do not edit -->'
 END='<!-- end of the generated values table -->'
 

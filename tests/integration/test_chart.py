@@ -211,17 +211,52 @@ def test_schema_closes_every_object_and_covers_every_value() -> None:
     walk(yaml.safe_load((CHART / "values.yaml").read_text()), schema, "values")
 
 
-def test_schema_and_values_table_are_generated_from_values_yaml() -> None:
-    """`hack/gen-chart-docs.sh --check` regenerates both into a temporary directory and diffs."""
-    result = subprocess.run(
+def _gen_chart_docs_check(**env: str) -> subprocess.CompletedProcess[str]:
+    """`hack/gen-chart-docs.sh --check`: regenerate both into a temporary directory and diff."""
+    return subprocess.run(
         ["bash", str(REPO / "hack" / "gen-chart-docs.sh"), "--check"],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=False,
         timeout=600,
+        env={**os.environ, **env},
     )
+
+
+def test_schema_and_values_table_are_generated_from_values_yaml() -> None:
+    result = _gen_chart_docs_check()
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "stale"),
+    [
+        (
+            "# -- Create the operator's ServiceAccount.",
+            "# -- Make one.",
+            {"values.schema.json", "install.md"},
+        ),
+        ("enum: [Ignore, Fail]", "enum: [Ignore, Fail, Maybe]", {"values.schema.json"}),
+    ],
+    ids=["description", "schema-keyword"],
+)
+def test_the_check_names_what_is_stale_and_how_to_regenerate(
+    tmp_path: Path, old: str, new: str, stale: set[str]
+) -> None:
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    values = chart / "values.yaml"
+    assert values.read_text().count(old) == 1
+    values.write_text(values.read_text().replace(old, new))
+    shutil.copy(REPO / "docs" / "install.md", tmp_path / "install.md")
+    result = _gen_chart_docs_check(
+        SCHEDLOCK_CHART_DIR=str(chart), SCHEDLOCK_INSTALL_DOC=str(tmp_path / "install.md")
+    )
+    assert result.returncode == 1
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("stale: ")]
+    assert {Path(p).name for p in line.split(" (")[0].removeprefix("stale: ").split()} == stale
+    assert "run `bash hack/gen-chart-docs.sh`" in line
 
 
 def test_values_yaml_documents_the_choices() -> None:
