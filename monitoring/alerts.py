@@ -13,8 +13,8 @@ Metric facts the expressions rely on (``src/schedlock/sidecar/metrics.py``):
   at once, so instant vectors never see a dead sidecar's last value.
 
 The ``for:`` durations assume a scrape interval of at most 30 s (the chart's PodMonitor) and
-the default lease (10 s) and heartbeat (3 s); ``docs/operations.md`` has the reasoning and a
-runbook per alert.
+the default lease timings (``schedlock.core.timings``: the hand-over threshold derives from
+them); ``docs/operations.md`` has the reasoning and a runbook per alert.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from schedlock.core.timings import DEFAULT_TIMINGS
+from schedlock.sidecar.metrics import GAP_BUCKETS
 
 RUNBOOK_BASE = "https://github.com/schedlock/schedlock/blob/main/docs/operations.md"
 GROUP_NAME = "schedlock"
@@ -35,9 +38,10 @@ KEY_TEXT = "{{ $labels.scheduler }}/{{ $labels.namespace }}/{{ $labels.target }}
 ABSENT_LOOKBACK = "6h"
 # Oldest due, unfinished row older than this (seconds) is overdue.
 OVERDUE_SECONDS = 60
-# A hand-over slower than this (seconds) is beyond the designed worst case (the lease, 10 s by
-# default, plus the takeover). Must be a bucket bound of schedlock_handover_gap_seconds.
-HANDOVER_GAP_SECONDS = 15
+# A hand-over slower than this (seconds) is beyond the designed worst case of the default timings
+# (the lease after a frozen leader's last heartbeat, plus a heartbeat to take over), rounded up
+# to a bucket bound of schedlock_handover_gap_seconds so the rule counts it exactly.
+HANDOVER_GAP_SECONDS = min(b for b in GAP_BUCKETS if b >= DEFAULT_TIMINGS.handover_budget_seconds)
 HANDOVER_WINDOW = "30m"
 FAILURE_WINDOW = "15m"
 REFUSED_WINDOW = "5m"
@@ -106,10 +110,10 @@ ALERTS: tuple[Alert, ...] = (
         value=f"max by ({KEY}) (schedlock_leader)",
         op="<",
         threshold=1,
-        # A crash hands over in milliseconds and a frozen leader is replaced after the lease
-        # (10 s); Prometheus sees the new leader at its next scrape. With the chart's 30 s
-        # scrape that looks leaderless for at most ~40 s: two evaluations, never the three in a
-        # row that one minute needs. A real outage still pages within ~1.5 minutes.
+        # A crash hands over in milliseconds and a frozen leader is replaced after the lease;
+        # Prometheus sees the new leader at its next scrape. With the chart's 30 s scrape and
+        # the default lease that looks leaderless for at most ~40 s: two evaluations, never the
+        # three in a row that one minute needs. A real outage still pages within ~1.5 minutes.
         for_="1m",
         summary=f"No schedlock leader for {KEY_TEXT}",
         description=(

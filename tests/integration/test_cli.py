@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from schedlock.core.settings import specs
 from schedlock.sidecar.settings import SidecarSettings
+from testbed.sidecars import SidecarProcess, wait_for
 
 SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
 GOOD = {
@@ -93,6 +95,37 @@ def test_cross_field_rule_names_both_settings() -> None:
     )
     assert result.returncode == 2
     assert "SCHEDLOCK_HEARTBEAT_SECONDS" in result.stderr and "third of the lease" in result.stderr
+
+
+def test_the_lease_alone_is_enough(migrated_database: str, tmp_path: Path) -> None:
+    """SCHEDLOCK_LEASE_SECONDS=5 and nothing else about timing: the heartbeat derives from it."""
+    sidecar = SidecarProcess.for_stand_in_app(
+        "lease-alone", tmp_path, migrated_database, SCHEDLOCK_LEASE_SECONDS="5"
+    ).start()
+    try:
+        wait_for(sidecar.leads, timeout=60, what="the sidecar with a 5 s lease to lead")
+        sidecar.signal(signal.SIGTERM)
+        assert sidecar.wait(30) == 0, sidecar.log_text()
+    finally:
+        sidecar.stop()
+    started = next(
+        json.loads(line) for line in sidecar.log_text().splitlines() if '"sidecar_started"' in line
+    )
+    assert started["lease_seconds"] == 5
+
+
+def test_inject_takes_the_lease_alone_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(
+        "kind: Pod\nmetadata:\n  name: p\n  annotations: {schedlock.dev/inject: 'true'}\n"
+        "  labels: {app.kubernetes.io/name: billing}\nspec:\n  containers: [{name: app}]\n"
+    )
+    bad = run("inject", "-f", str(manifest), "--lease-seconds", "1")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith("schedlock inject: error: --lease-seconds: must be a number")
+    good = run("inject", "-f", str(manifest), "--lease-seconds", "5")
+    assert good.returncode == 0, good.stderr
+    assert "SCHEDLOCK_LEASE_SECONDS" in good.stdout and "HEARTBEAT" not in good.stdout
 
 
 def test_missing_required_settings() -> None:

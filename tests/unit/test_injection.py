@@ -12,6 +12,7 @@ import yaml
 
 from schedlock.cli import main
 from schedlock.core.settings import SettingError, build
+from schedlock.core.timings import DEFAULT_LEASE_SECONDS
 from schedlock.operator.injection import (
     CONTAINER_NAME,
     LABEL_INJECTED,
@@ -24,6 +25,7 @@ from schedlock.operator.injection import (
     wants_sidecar,
 )
 from schedlock.operator.settings import OperatorSettings
+from schedlock.sidecar.settings import SidecarSettings
 
 CONFIG = InjectionConfig(image="example/schedlock:1.2.3")
 SIGNING = "schedlock.dev/signing-secret"
@@ -305,3 +307,25 @@ def test_a_malformed_ready_annotation_means_no_sidecar_and_a_warning(value: str)
     warnings: list[str] = []
     inject_manifest(p, CONFIG, warnings)
     assert warnings == [f"Pod/app-1: {decision.reason}"]
+
+
+# ------------------------------------------------------------------------------- lease timings
+
+
+def test_the_injected_sidecar_states_only_the_lease_and_its_settings_accept_it() -> None:
+    """The sidecar derives its heartbeat from the lease: injection never derives it again."""
+    config = InjectionConfig(lease_seconds=5)
+    env = {e["name"]: e.get("value") for e in sidecar_of(injected(opted_in(), config))["env"]}
+    assert env["SCHEDLOCK_LEASE_SECONDS"] == "5" and "SCHEDLOCK_HEARTBEAT_SECONDS" not in env
+    plain = {k: v for k, v in env.items() if v is not None}
+    sidecar = build(SidecarSettings, None, {**plain, "SCHEDLOCK_DATABASE_URL": "sqlite:///x.db"})
+    assert sidecar.timings.lease_seconds == 5 and sidecar.timings.heartbeat_seconds == 1.5
+
+
+def test_the_operator_refuses_a_sidecar_lease_the_sidecar_would_refuse() -> None:
+    url = {"SCHEDLOCK_DATABASE_URL": "postgresql://u@db/app"}
+    assert build(OperatorSettings, None, url).injection.lease_seconds == DEFAULT_LEASE_SECONDS
+    with pytest.raises(SettingError, match=r"SCHEDLOCK_SIDECAR_LEASE_SECONDS: .*from 2 to 300"):
+        build(OperatorSettings, None, {**url, "SCHEDLOCK_SIDECAR_LEASE_SECONDS": "1"})
+    with pytest.raises(ValueError, match="from 2 to 300"):
+        InjectionConfig(lease_seconds=1)

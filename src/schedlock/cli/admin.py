@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import re
 import sys
@@ -17,17 +18,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from schedlock.core.identities import parse_rfc3339, rfc3339
-from schedlock.core.scheduling import ScheduleError, parse_schedule
+from schedlock.core.scheduling import parse_schedule
 from schedlock.core.settings import (
-    SettingError,
-    add_arguments,
-    build,
-    database_url,
+    DatabaseSettings,
+    add_command,
     dns_label,
+    flag_value,
     integer,
     number,
-    setting,
-    spec_of,
 )
 from schedlock.store import (
     KeyStatus,
@@ -43,22 +41,6 @@ T = TypeVar("T")
 
 EXIT_FAILED = 1
 _RELATIVE = re.compile(r"^(?:in\s+|\+)(\d+(?:\.\d+)?)\s*(ms|s|m|h)$")
-
-
-@dataclass(frozen=True)
-class DatabaseSettings:
-    database_url: str = setting(
-        env="SCHEDLOCK_DATABASE_URL",
-        help="postgresql://… or sqlite:///path",
-        default="",
-        parse=database_url,
-        unit="url",
-        secret=True,
-    )
-
-    def validate(self) -> None:
-        if not self.database_url:
-            raise SettingError(spec_of(type(self), "database_url"), "is required")
 
 
 def parse_time(raw: str, now: datetime | None = None) -> datetime:
@@ -99,14 +81,6 @@ def _fail(command: str, message: str) -> int:
     return EXIT_FAILED
 
 
-def _arg(command: str, name: str, raw: str, parse: Callable[[str], T]) -> T:
-    try:
-        return parse(raw)
-    except ValueError as exc:
-        print(f"schedlock {command}: error: --{name}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def _with_store(
     command: str, db: DatabaseSettings, verb: Callable[[Store], Awaitable[T]], failure: str
 ) -> T | None:
@@ -130,8 +104,7 @@ def _with_store(
 # -- migrate -------------------------------------------------------------------------------------
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
-    db = build(DatabaseSettings, args)
+def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
 
     async def migrate(store: Store) -> tuple[list[int], int]:
         applied = await store.migrate()
@@ -158,28 +131,32 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True)
 class _Common:
-    """What ``publish`` and ``schedule`` share: where, what, and the generated identity."""
+    """What ``publish`` and ``schedule`` share (fields of both specs): where, what, identity."""
 
-    target: str
     namespace: str
-    payload: dict[str, Any]
-    deadline: int | None
-    uid: str
     name: str
+    uid: str
+    target: str
+    payload: dict[str, Any]
+    starting_deadline_seconds: int | None
+
+    def shown(self, **extra: str) -> dict[str, Any]:
+        """What the command prints about the row it inserted."""
+        return {key: getattr(self, key) for key in ("uid", "name", "namespace", "target")} | extra
 
 
 def _common(args: argparse.Namespace, command: str) -> _Common:
     uid = f"cli-{uuid.uuid4()}"
     deadline = None
     if args.deadline_seconds is not None:
-        deadline = _arg(command, "deadline-seconds", args.deadline_seconds, integer(0, 31_536_000))
+        deadline = flag_value("--deadline-seconds", args.deadline_seconds, integer(0, 31_536_000))
     return _Common(
-        target=_arg(command, "target", args.target, dns_label),
-        namespace=_arg(command, "namespace", args.namespace, dns_label),
-        payload=_arg(command, "payload", args.payload, parse_payload),
-        deadline=deadline,
-        uid=uid,
+        namespace=flag_value("--namespace", args.namespace, dns_label),
         name=args.name or f"{command}-{uid[4:12]}",
+        uid=uid,
+        target=flag_value("--target", args.target, dns_label),
+        payload=flag_value("--payload", args.payload, parse_payload),
+        starting_deadline_seconds=deadline,
     )
 
 
@@ -195,59 +172,26 @@ def _created(
     return 0
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
-    db = build(DatabaseSettings, args)
+def cmd_publish(db: DatabaseSettings, args: argparse.Namespace) -> int:
     common = _common(args, "publish")
-    due_at = _arg("publish", "at", args.at, parse_time)
+    due_at = flag_value("--at", args.at, parse_time)
     spec = PublishSpec(
-        namespace=common.namespace,
-        name=common.name,
-        uid=common.uid,
-        target=common.target,
+        **dataclasses.asdict(common),
         due_at=due_at,
-        payload=common.payload,
-        max_attempts=_arg("publish", "max-attempts", args.max_attempts, integer(1, 100)),
-        backoff_seconds=_arg(
-            "publish", "backoff-seconds", args.backoff_seconds, number(0.01, 3600)
-        ),
-        starting_deadline_seconds=common.deadline,
+        max_attempts=flag_value("--max-attempts", args.max_attempts, integer(1, 100)),
+        backoff_seconds=flag_value("--backoff-seconds", args.backoff_seconds, number(0.01, 3600)),
     )
-    shown = {
-        "uid": common.uid,
-        "name": common.name,
-        "namespace": common.namespace,
-        "target": common.target,
-        "dueAt": rfc3339(due_at),
-    }
+    shown = common.shown(dueAt=rfc3339(due_at))
     return _created("publish", db, lambda store: store.upsert_publish(spec), shown)
 
 
-def cmd_schedule(args: argparse.Namespace) -> int:
-    db = build(DatabaseSettings, args)
+def cmd_schedule(db: DatabaseSettings, args: argparse.Namespace) -> int:
     common = _common(args, "schedule")
-    try:
-        parse_schedule(args.cron, args.time_zone)
-    except ScheduleError as exc:
-        print(f"schedlock schedule: error: --cron/--time-zone: {exc}", file=sys.stderr)
-        return 2
+    flag_value("--cron/--time-zone", args.cron, lambda cron: parse_schedule(cron, args.time_zone))
     spec = ScheduleSpec(
-        namespace=common.namespace,
-        name=common.name,
-        uid=common.uid,
-        target=common.target,
-        expression=args.cron,
-        time_zone=args.time_zone,
-        payload=common.payload,
-        starting_deadline_seconds=common.deadline,
+        **dataclasses.asdict(common), expression=args.cron, time_zone=args.time_zone
     )
-    shown = {
-        "uid": common.uid,
-        "name": common.name,
-        "namespace": common.namespace,
-        "target": common.target,
-        "schedule": args.cron,
-        "timeZone": args.time_zone,
-    }
+    shown = common.shown(schedule=args.cron, timeZone=args.time_zone)
     return _created("schedule", db, lambda store: store.upsert_schedule(spec), shown)
 
 
@@ -305,22 +249,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         "lastFire",
     ]
     cells = [[_cell(len(r[c]) if c == "reserves" else r[c]) for c in columns] for r in rows]
-    header = [
-        c.upper()
-        for c in (
-            "namespace",
-            "target",
-            "scheduler",
-            "leader",
-            "term",
-            "since",
-            "standbys",
-            "reserves",
-            "backlog",
-            "next due",
-            "last fire",
-        )
-    ]
+    header = [re.sub(r"([A-Z])", r" \1", c).upper() for c in columns]  # nextDue: NEXT DUE
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     lines += [
@@ -329,8 +258,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    db = build(DatabaseSettings, args)
+def cmd_status(db: DatabaseSettings, args: argparse.Namespace) -> int:
     keys = _with_store("status", db, lambda store: store.key_status(), "cannot read the status")
     if keys is None:
         return EXIT_FAILED
@@ -347,35 +275,46 @@ def cmd_status(args: argparse.Namespace) -> int:
 # -- registration --------------------------------------------------------------------------------
 
 
+def _row_arguments(parser: argparse.ArgumentParser, fires: str, deadline: str) -> None:
+    """The flags ``publish`` and ``schedule`` share: the key, the payload, the name, a deadline."""
+    parser.add_argument("--target", required=True, help=f"target (app) that receives the {fires}")
+    parser.add_argument(
+        "--payload", default="{}", metavar="JSON", help="JSON object passed to the app"
+    )
+    parser.add_argument("--name", default="", help="a name for people (default generated)")
+    parser.add_argument("--namespace", default="default", help="namespace (default: default)")
+    parser.add_argument("--deadline-seconds", default=None, help=deadline)
+
+
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    migrate = subparsers.add_parser(
+    migrate = add_command(
+        subparsers,
         "migrate",
-        help="create or upgrade the database schema (run with the owner role)",
+        DatabaseSettings,
+        cmd_migrate,
+        summary="create or upgrade the database schema (run with the owner role)",
         description="Apply missing migrations, serialised by an advisory lock. Refuses a schema "
         "newer than this binary.",
     )
-    add_arguments(migrate, DatabaseSettings)
-    migrate.add_argument(
-        "--grant-sidecar",
-        metavar="ROLE",
-        default=None,
-        help="grant the sidecars' least privileges (no DDL) to this role",
-    )
-    migrate.add_argument(
-        "--grant-operator",
-        metavar="ROLE",
-        default=None,
-        help="grant the operator's least privileges (no DDL) to this role",
-    )
-    migrate.set_defaults(command=cmd_migrate, command_name="migrate")
+    for component in ("sidecar", "operator"):
+        migrate.add_argument(
+            f"--grant-{component}",
+            metavar="ROLE",
+            default=None,
+            help=f"grant the {component}'s least privileges (no DDL) to this role",
+        )
 
-    publish = subparsers.add_parser(
+    publish = add_command(
+        subparsers,
         "publish",
-        help="insert a one-shot publish row (no Kubernetes needed)",
+        DatabaseSettings,
+        cmd_publish,
+        summary="insert a one-shot publish row (no Kubernetes needed)",
         description="Schedule one delivery to TARGET at TIME; the leading sidecar fires it.",
     )
-    add_arguments(publish, DatabaseSettings)
-    publish.add_argument("--target", required=True, help="target (app) that receives the fire")
+    _row_arguments(
+        publish, "fire", "starting deadline: later than this after TIME it is missed, not fired"
+    )
     publish.add_argument(
         "--at",
         required=True,
@@ -383,53 +322,36 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         help="RFC 3339 time (2026-12-01T09:00:00Z), 'now', or relative '+30s'/'in 5m'",
     )
     publish.add_argument(
-        "--payload", default="{}", metavar="JSON", help="JSON object passed to the app"
-    )
-    publish.add_argument("--name", default="", help="a name for people (default generated)")
-    publish.add_argument("--namespace", default="default", help="namespace (default: default)")
-    publish.add_argument(
         "--max-attempts", default="3", help="delivery attempts before failing (default 3)"
     )
     publish.add_argument(
         "--backoff-seconds", default="1", help="first retry delay, doubling (default 1)"
     )
-    publish.add_argument(
-        "--deadline-seconds",
-        default=None,
-        help="starting deadline: later than this after TIME it is missed, not fired",
-    )
-    publish.set_defaults(command=cmd_publish, command_name="publish")
 
-    schedule = subparsers.add_parser(
+    schedule = add_command(
+        subparsers,
         "schedule",
-        help="insert a recurring schedule (cron or @every)",
+        DatabaseSettings,
+        cmd_schedule,
+        summary="insert a recurring schedule (cron or @every)",
         description="Fire TARGET on a schedule: 5-field cron in a time zone, @hourly-style "
         "descriptors, or @every 2s.",
     )
-    add_arguments(schedule, DatabaseSettings)
-    schedule.add_argument("--target", required=True, help="target (app) that receives the fires")
+    _row_arguments(
+        schedule, "fires", "starting deadline for each slot (catch-up fires only inside it)"
+    )
     schedule.add_argument(
         "--cron", required=True, metavar="EXPR", help="'*/5 * * * *', '@daily', '@every 2s'"
     )
     schedule.add_argument(
         "--time-zone", default="UTC", help="IANA time zone for cron fields (default UTC)"
     )
-    schedule.add_argument(
-        "--payload", default="{}", metavar="JSON", help="JSON object passed to the app"
-    )
-    schedule.add_argument("--name", default="", help="a name for people (default generated)")
-    schedule.add_argument("--namespace", default="default", help="namespace (default: default)")
-    schedule.add_argument(
-        "--deadline-seconds",
-        default=None,
-        help="starting deadline for each slot (catch-up fires only inside it)",
-    )
-    schedule.set_defaults(command=cmd_schedule, command_name="schedule")
 
-    status = subparsers.add_parser(
+    status = add_command(
+        subparsers,
         "status",
-        help="show per lock key who leads, the term, backlog, next due and last fire",
+        DatabaseSettings,
+        cmd_status,
+        summary="show per lock key who leads, the term, backlog, next due and last fire",
     )
-    add_arguments(status, DatabaseSettings)
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.set_defaults(command=cmd_status, command_name="status")

@@ -15,13 +15,17 @@ import dataclasses
 import math
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from schedlock.core import logs
+
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 EXIT_BAD_SETTING = 2
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -33,7 +37,9 @@ class SettingError(ValueError):
     def __init__(self, spec: SettingSpec | None, message: str) -> None:
         self.spec = spec
         self.message = message
-        where = f"{spec.flag} / {spec.env}: " if spec is not None else ""
+        where = (
+            "" if spec is None else f"{spec.flag} / {spec.env}: " if spec.env else f"{spec.flag}: "
+        )
         super().__init__(f"{where}{message}")
 
 
@@ -47,74 +53,80 @@ class SettingSpec:
     parse: Callable[[str], Any]
     unit: str = ""
     secret: bool = False
+    shown: str | None = None
 
 
 def setting(
-    *,
     env: str,
-    help: str,
     default: Any,
     parse: Callable[[str], Any],
-    flag: str | None = None,
     unit: str = "",
+    *,
+    help: str,
+    flag: str | None = None,
     secret: bool = False,
+    shown: str | None = None,
 ) -> Any:
-    """Declare a settings field; ``flag`` defaults to ``--`` + the env name's tail in kebab case."""
+    """Declare a settings field: its variable, default, parser and unit, then what it is for.
+
+    ``flag`` defaults to ``--`` + the env name's tail in kebab case; ``shown`` is the default as
+    ``--help`` states it when the value itself would not say it (a default derived at start).
+    """
     if flag is None:
         flag = "--" + env.removeprefix("SCHEDLOCK_").lower().replace("_", "-")
-    spec = SettingSpec(flag=flag, env=env, help=help, parse=parse, unit=unit, secret=secret)
+    spec = SettingSpec(
+        flag=flag, env=env, help=help, parse=parse, unit=unit, secret=secret, shown=shown
+    )
     return field(default=default, metadata={"setting": spec})
 
 
-def log_level_setting() -> Any:
-    """``SCHEDLOCK_LOG_LEVEL``, the same for every process."""
-    return setting(
-        env="SCHEDLOCK_LOG_LEVEL",
-        help="log level",
-        default="info",
-        parse=choice("debug", "info", "warning", "error"),
-    )
+def specs(
+    cls: type[Any], flags: Mapping[str, str] | None = None
+) -> list[tuple[dataclasses.Field[Any], SettingSpec]]:
+    """The settings fields of a settings dataclass, in declaration order.
+
+    ``flags`` (field name -> flag) picks some fields under other flags and without their
+    variables: a command that takes them as plain flags (``schedlock inject``).
+    """
+    fields = [
+        (f, f.metadata["setting"]) for f in dataclasses.fields(cls) if "setting" in f.metadata
+    ]
+    if flags is None:
+        return fields
+    return [(f, replace(spec, flag=flags[f.name], env="")) for f, spec in fields if f.name in flags]
 
 
-def log_format_setting() -> Any:
-    """``SCHEDLOCK_LOG_FORMAT``, the same for every process."""
-    return setting(
-        env="SCHEDLOCK_LOG_FORMAT",
-        help="json (one object per line) or text",
-        default="json",
-        parse=choice("json", "text"),
-    )
-
-
-def specs(cls: type[Any]) -> list[tuple[dataclasses.Field[Any], SettingSpec]]:
-    """The settings fields of a settings dataclass, in declaration order."""
-    return [(f, f.metadata["setting"]) for f in dataclasses.fields(cls) if "setting" in f.metadata]
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type[Any], flags: Mapping[str, str] | None = None
+) -> None:
     """Add one ``--flag`` per setting, documenting env var, unit and default in the help."""
-    for f, spec in specs(cls):
+    for f, spec in specs(cls, flags):
         default = f.default
         shown = "unset" if default in (None, "") else ("***" if spec.secret else str(default))
+        shown = spec.shown or shown
         unit = f" [{spec.unit}]" if spec.unit else ""
+        env = f"env {spec.env}; " if spec.env else ""
         parser.add_argument(
             spec.flag,
             dest=f.name,
             default=None,
             metavar=spec.unit.upper().replace(" ", "_") or "VALUE",
-            help=f"{spec.help}{unit} (env {spec.env}; default: {shown})",
+            help=f"{spec.help}{unit} ({env}default: {shown})",
         )
 
 
 def build(
-    cls: type[T], args: argparse.Namespace | None, environ: Mapping[str, str] | None = None
+    cls: type[T],
+    args: argparse.Namespace | None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> T:
     """Resolve every setting (flag > env > default), parse, then run ``cls.validate``."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for f, spec in specs(cls):
+    for f, spec in specs(cls, flags):
         raw = getattr(args, f.name, None) if args is not None else None
-        if raw is None:
+        if raw is None and spec.env:
             raw = environ.get(spec.env)
         if raw is None or (raw == "" and f.default is not None):
             continue  # keep the default
@@ -139,33 +151,73 @@ def spec_of(cls: type[Any], name: str) -> SettingSpec:
     raise KeyError(name)
 
 
+def flag_value(flag: str, raw: str, parse: Callable[[str], T]) -> T:
+    """Parse a plain command-line flag (one without a variable); a bad value is a SettingError."""
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise SettingError(None, f"{flag}: {exc}") from None
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    cls: type[T],
+    run: Callable[[T, argparse.Namespace], int],
+    *,
+    summary: str,
+    description: str = "",
+) -> argparse.ArgumentParser:
+    """A subcommand whose flags are the settings of ``cls``: it builds them, then ``run``s.
+
+    A service (sidecar, operator) configures its logging from its settings first. A bad
+    setting raises SettingError, which the CLI prints as one line with exit status 2. The
+    parser is returned so a command can add arguments of its own.
+    """
+    if issubclass(cls, ServiceSettings):
+        description += " Every flag can also be set by its SCHEDLOCK_* variable."
+    parser = subparsers.add_parser(name, help=summary, description=description or None)
+    add_arguments(parser, cls)
+
+    def command(args: argparse.Namespace) -> int:
+        settings = build(cls, args)
+        if isinstance(settings, ServiceSettings):
+            logs.configure(settings.log_level, settings.log_format)
+        return run(settings, args)
+
+    parser.set_defaults(command=command, command_name=name)
+    return parser
+
+
 # --- parsers: each raises ValueError with a message that says what is allowed -------------------
 
 
-def integer(low: int, high: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
+def _bounded(convert: Callable[[str], N], kind: str, low: N, high: N) -> Callable[[str], N]:
+    """A parser of ``kind`` values from ``low`` to ``high``; ``convert`` raises ValueError."""
+    allowed = f"must be {kind} from {_shown(low)} to {_shown(high)}"
+
+    def parse(raw: str) -> N:
         try:
-            value = int(raw.strip())
+            value = convert(raw.strip())
         except ValueError:
-            raise ValueError(f"must be a whole number from {low} to {high}, got {raw!r}") from None
-        if not low <= value <= high:
-            raise ValueError(f"must be a whole number from {low} to {high}, got {value}")
+            raise ValueError(f"{allowed}, got {raw!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise ValueError(f"{allowed}, got {raw.strip()}")
         return value
 
     return parse
+
+
+def _shown(bound: float) -> str:
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
+
+def integer(low: int, high: int) -> Callable[[str], int]:
+    return _bounded(int, "a whole number", low, high)
 
 
 def number(low: float, high: float) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            raise ValueError(f"must be a number from {low:g} to {high:g}, got {raw!r}") from None
-        if not math.isfinite(value) or not low <= value <= high:
-            raise ValueError(f"must be a number from {low:g} to {high:g}, got {raw.strip()}")
-        return value
-
-    return parse
+    return _bounded(float, "a number", low, high)
 
 
 def choice(*allowed: str) -> Callable[[str], str]:
@@ -259,3 +311,58 @@ def text(max_len: int = 253) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+# --- the settings every process shares -----------------------------------------------------
+
+
+def database_setting(help: str) -> Any:
+    """``SCHEDLOCK_DATABASE_URL``: each process says what it needs the database for."""
+    return setting("SCHEDLOCK_DATABASE_URL", "", database_url, "url", help=help, secret=True)
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    """What every command that touches the database reads (``schedlock migrate`` and friends)."""
+
+    database_url: str = database_setting("postgresql://… or sqlite:///path")
+
+    def validate(self) -> None:
+        if not self.database_url:
+            raise SettingError(spec_of(type(self), "database_url"), "is required")
+
+
+@dataclass(frozen=True)
+class ServiceSettings(DatabaseSettings):
+    """What the long-running processes (sidecar, operator) share besides the database."""
+
+    holder: str = setting(
+        "SCHEDLOCK_HOLDER",
+        "",
+        text(63),
+        help="this replica's name in the database (application_name; a sidecar's term "
+        "holder); defaults to the pod or host name",
+    )
+    migrate: str = setting(
+        "SCHEDLOCK_MIGRATE",
+        "auto",
+        choice("auto", "off"),
+        help="auto: apply missing migrations at start; off: wait until an owner ran "
+        "`schedlock migrate`",
+    )
+    log_level: str = setting(
+        "SCHEDLOCK_LOG_LEVEL",
+        "info",
+        choice("debug", "info", "warning", "error"),
+        help="log level",
+    )
+    log_format: str = setting(
+        "SCHEDLOCK_LOG_FORMAT",
+        "json",
+        choice("json", "text"),
+        help="json (one object per line) or text",
+    )
+
+    @property
+    def holder_name(self) -> str:
+        return self.holder or socket.gethostname()

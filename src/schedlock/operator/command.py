@@ -6,28 +6,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from schedlock.core import logs
-from schedlock.core.settings import add_arguments, build
+from schedlock.core.settings import add_command
 from schedlock.operator.settings import OperatorSettings
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "operator",
-        help="run the Kubernetes operator for ScheduledPublish objects",
-        description=(
-            "Reconcile ScheduledPublish objects (schedlock.dev/v1) into database rows and "
-            "reflect outcomes back into their status and Events. Every flag can also be set "
-            "by its SCHEDLOCK_* variable."
-        ),
+        OperatorSettings,
+        run,
+        summary="run the Kubernetes operator for ScheduledPublish objects",
+        description="Reconcile ScheduledPublish objects (schedlock.dev/v1) into database rows and reflect "
+        "outcomes back into their status and Events.",
     )
-    add_arguments(parser, OperatorSettings)
-    parser.set_defaults(command=command, command_name="operator")
 
 
-def command(args: argparse.Namespace) -> int:
-    settings = build(OperatorSettings, args)
-    logs.configure(settings.log_level, settings.log_format)
-    from schedlock.operator.app import run
+def run(settings: OperatorSettings, _args: argparse.Namespace) -> int:
+    from schedlock.operator.app import run as run_operator
 
-    return asyncio.run(run(settings))
+    return asyncio.run(run_operator(settings))

@@ -22,13 +22,19 @@ from typing import Any
 
 import yaml
 
-from schedlock.operator.injection import (
-    InjectionConfig,
-    inject_manifest,
-    parse_resources,
-    parse_signing_secret,
-)
-from schedlock.operator.settings import DEFAULT_IMAGE
+from schedlock.core.settings import add_arguments, build
+from schedlock.operator.injection import inject_manifest
+from schedlock.operator.settings import InjectionSettings
+
+# The operator's injection settings this command takes, under its own (shorter) flags.
+FLAGS = {
+    "sidecar_image": "--image",
+    "sidecar_database_secret": "--database-secret",
+    "sidecar_database_secret_key": "--database-secret-key",
+    "sidecar_lease_seconds": "--lease-seconds",
+    "sidecar_resources": "--resources",
+    "sidecar_signing_secret": "--signing-secret",
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,48 +45,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-f", "--filename", type=Path, help="manifest file (default: stdin)")
-    parser.add_argument(
-        "--image", default=DEFAULT_IMAGE, help=f"sidecar image (default {DEFAULT_IMAGE})"
-    )
-    parser.add_argument(
-        "--database-secret",
-        default="schedlock-database",
-        help="Secret with the database URL in the app's namespace",
-    )
-    parser.add_argument("--database-secret-key", default="url", help="key in that Secret")
-    parser.add_argument("--lease-seconds", type=float, default=10.0, help="sidecar lease")
-    parser.add_argument(
-        "--resources", default=None, metavar="JSON", help="sidecar container resources as JSON"
-    )
-    parser.add_argument(
-        "--signing-secret",
-        default="",
-        metavar="NAME[/KEY]",
-        help="Secret (in the app's namespace) whose KEY (default signing-secret) signs the "
-        "deliveries; default: no signing unless the pod's schedlock.dev/signing-secret says so",
-    )
+    add_arguments(parser, InjectionSettings, FLAGS)
     parser.set_defaults(command=command, command_name="inject")
 
 
 def command(args: argparse.Namespace) -> int:
-    try:
-        resources = parse_resources(args.resources) if args.resources else None
-    except ValueError as exc:
-        print(f"schedlock inject: error: --resources: {exc}", file=sys.stderr)
-        return 2
-    try:
-        signing_secret = parse_signing_secret(args.signing_secret)
-    except ValueError as exc:
-        print(f"schedlock inject: error: --signing-secret: {exc}", file=sys.stderr)
-        return 2
-    config = InjectionConfig(
-        image=args.image,
-        database_secret=args.database_secret,
-        database_secret_key=args.database_secret_key,
-        lease_seconds=args.lease_seconds,
-        signing_secret=signing_secret,
-        **({"resources": resources} if resources else {}),
-    )
+    # Flags only: the SCHEDLOCK_SIDECAR_* variables are the operator's, not this command's.
+    config = build(InjectionSettings, args, environ={}, flags=FLAGS).injection
     try:
         text = args.filename.read_text() if args.filename else sys.stdin.read()
         documents = [d for d in yaml.safe_load_all(text) if d is not None]

@@ -42,6 +42,7 @@ from typing import Any
 
 from schedlock import __version__
 from schedlock.core.settings import check_url
+from schedlock.core.timings import DEFAULT_LEASE_SECONDS, LeaseTimings
 
 ANNOTATION_INJECT = "schedlock.dev/inject"
 ANNOTATION_TARGET = "schedlock.dev/target"
@@ -54,6 +55,9 @@ CONTAINER_NAME = "schedlock"
 METRICS_PORT = 9090
 METRICS_PORT_NAME = "schedlock-http"  # port names are at most 15 characters
 DEFAULT_TARGET_URL = "http://127.0.0.1:8080/schedlock"
+DEFAULT_IMAGE = f"ghcr.io/schedlock/schedlock:{__version__}"
+DEFAULT_DATABASE_SECRET = "schedlock-database"
+DEFAULT_DATABASE_SECRET_KEY = "url"
 DEFAULT_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "10m", "memory": "48Mi"},
     "limits": {"memory": "128Mi"},
@@ -111,32 +115,42 @@ def parse_signing_secret(raw: str) -> SecretRef | None:
 
 @dataclass(frozen=True)
 class InjectionConfig:
-    image: str = f"ghcr.io/schedlock/schedlock:{__version__}"
-    database_secret: str = "schedlock-database"
-    database_secret_key: str = "url"
-    lease_seconds: float = 10.0
+    """What every injected sidecar gets (the operator's ``InjectionSettings``, parsed)."""
+
+    image: str = DEFAULT_IMAGE
+    database_secret: str = DEFAULT_DATABASE_SECRET
+    database_secret_key: str = DEFAULT_DATABASE_SECRET_KEY
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    """Only the lease goes into the sidecar's environment: it derives the rest (core/timings)."""
     resources: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_RESOURCES))
     signing_secret: SecretRef | None = None
     """Signs the deliveries of every injected pod unless the pod's annotation says otherwise."""
 
+    def __post_init__(self) -> None:
+        LeaseTimings(self.lease_seconds)  # a lease the sidecar would refuse is refused here
+
 
 @dataclass(frozen=True)
 class Decision:
-    inject: bool
+    """Why a pod gets the sidecar or not; the target (and signing key) when it does."""
+
     reason: str
     target: str | None = None
     signing_secret: SecretRef | None = None
+
+    @property
+    def inject(self) -> bool:
+        return self.target is not None
 
 
 def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = None) -> Decision:
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
     if str(annotations.get(ANNOTATION_INJECT, "")).lower() != "true":
-        return Decision(False, f'no {ANNOTATION_INJECT}: "true" annotation')
+        return Decision(f'no {ANNOTATION_INJECT}: "true" annotation')
     target = annotations.get(ANNOTATION_TARGET) or labels.get("app.kubernetes.io/name")
     if not target:
         return Decision(
-            False,
             f"{ANNOTATION_INJECT} is set but the pod has neither a {ANNOTATION_TARGET} "
             "annotation nor an app.kubernetes.io/name label to name its target: not injected",
         )
@@ -145,13 +159,13 @@ def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = 
         try:
             signing = parse_signing_secret(str(annotations[ANNOTATION_SIGNING_SECRET]))
         except ValueError as exc:
-            return Decision(False, f"{ANNOTATION_SIGNING_SECRET} {exc}: not injected")
+            return Decision(f"{ANNOTATION_SIGNING_SECRET} {exc}: not injected")
     if ready_url(annotations):
         try:
             check_url(ready_url(annotations))
         except ValueError as exc:
-            return Decision(False, f"{ANNOTATION_TARGET_READY_URL} {exc}: not injected")
-    return Decision(True, "opted in", str(target), signing)
+            return Decision(f"{ANNOTATION_TARGET_READY_URL} {exc}: not injected")
+    return Decision("opted in", str(target), signing)
 
 
 def ready_url(annotations: Mapping[str, Any]) -> str:
@@ -214,7 +228,6 @@ def sidecar_container(
             },
             {"name": "SCHEDLOCK_HTTP_PORT", "value": str(METRICS_PORT)},
             {"name": "SCHEDLOCK_LEASE_SECONDS", "value": f"{config.lease_seconds:g}"},
-            {"name": "SCHEDLOCK_HEARTBEAT_SECONDS", "value": f"{config.lease_seconds / 3.5:.2g}"},
             {"name": "SCHEDLOCK_MIGRATE", "value": "off"},
             {"name": "SCHEDLOCK_LOG_FORMAT", "value": "json"},
         ],
@@ -255,7 +268,7 @@ def inject_pod(
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """New (metadata, spec) with the sidecar, or None when nothing is to change."""
     decision = wants_sidecar(metadata, config)
-    if not decision.inject or decision.target is None:
+    if decision.target is None:
         return None
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     if any(c.get("name") == CONTAINER_NAME for c in containers):

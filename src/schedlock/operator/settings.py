@@ -1,29 +1,33 @@
-"""The operator's settings: one typed object from flags and SCHEDLOCK_* variables."""
+"""The operator's settings: one typed object from flags and SCHEDLOCK_* variables.
+
+:class:`InjectionSettings` are what every injected sidecar gets; ``schedlock inject`` takes the
+same fields as plain flags, so the webhook and the command parse and default them alike.
+"""
 
 from __future__ import annotations
 
 import copy
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedlock import __version__
 from schedlock.core.settings import (
+    ServiceSettings,
     SettingError,
-    choice,
-    database_url,
+    database_setting,
     host,
     integer,
-    log_format_setting,
-    log_level_setting,
     number,
     readable_file,
     setting,
     spec_of,
     text,
 )
+from schedlock.core.timings import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from schedlock.operator.injection import (
+    DEFAULT_DATABASE_SECRET,
+    DEFAULT_DATABASE_SECRET_KEY,
+    DEFAULT_IMAGE,
     DEFAULT_RESOURCES,
     DNS_SUBDOMAIN,
     InjectionConfig,
@@ -31,8 +35,6 @@ from schedlock.operator.injection import (
     parse_resources,
     parse_signing_secret,
 )
-
-DEFAULT_IMAGE = f"ghcr.io/schedlock/schedlock:{__version__}"
 
 
 def dns_subdomain(raw: str) -> str:
@@ -51,153 +53,51 @@ def namespace_list(raw: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class OperatorSettings:
-    database_url: str = setting(
-        env="SCHEDLOCK_DATABASE_URL",
-        help="PostgreSQL shared with the sidecars (postgresql://…; the operator needs LISTEN/NOTIFY)",
-        default="",
-        parse=database_url,
-        unit="url",
-        secret=True,
-    )
-    watch_namespaces: tuple[str, ...] = setting(
-        env="SCHEDLOCK_WATCH_NAMESPACES",
-        help="comma-separated namespaces to serve; empty serves the whole cluster",
-        default=(),
-        parse=namespace_list,
-        unit="list",
-    )
-    health_port: int = setting(
-        env="SCHEDLOCK_HEALTH_PORT",
-        help="port of /healthz (alive) and /readyz (ready: database usable, watches running)",
-        default=8080,
-        parse=integer(1, 65535),
-        unit="port",
-    )
-    webhook_port: int = setting(
-        env="SCHEDLOCK_WEBHOOK_PORT",
-        help="port of the HTTPS admission webhook (validation of ScheduledPublish objects)",
-        default=9443,
-        parse=integer(1, 65535),
-        unit="port",
-    )
-    webhook_host: str = setting(
-        env="SCHEDLOCK_WEBHOOK_HOST",
-        help="address the webhook server binds to",
-        default="0.0.0.0",
-        parse=host,
-        unit="address",
-    )
-    webhook_cert_file: Path | None = setting(
-        env="SCHEDLOCK_WEBHOOK_CERT_FILE",
-        help="TLS certificate (PEM) of the webhook; the webhook is off when unset",
-        default=None,
-        parse=readable_file,
-        unit="path",
-    )
-    webhook_key_file: Path | None = setting(
-        env="SCHEDLOCK_WEBHOOK_KEY_FILE",
-        help="TLS private key (PEM) of the webhook",
-        default=None,
-        parse=readable_file,
-        unit="path",
-    )
+class InjectionSettings:
     sidecar_image: str = setting(
-        env="SCHEDLOCK_SIDECAR_IMAGE",
-        help="image of the sidecar the injection webhook adds to opted-in pods",
-        default=DEFAULT_IMAGE,
-        parse=text(253),
-        unit="image",
+        "SCHEDLOCK_SIDECAR_IMAGE",
+        DEFAULT_IMAGE,
+        text(253),
+        "image",
+        help="image of the sidecar added to opted-in pods",
     )
     sidecar_database_secret: str = setting(
-        env="SCHEDLOCK_SIDECAR_DATABASE_SECRET",
+        "SCHEDLOCK_SIDECAR_DATABASE_SECRET",
+        DEFAULT_DATABASE_SECRET,
+        dns_subdomain,
         help="Secret in each app namespace holding the sidecars' database URL "
         "(a pod can name another with the schedlock.dev/database-secret annotation)",
-        default="schedlock-database",
-        parse=dns_subdomain,
     )
     sidecar_database_secret_key: str = setting(
-        env="SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY",
+        "SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY",
+        DEFAULT_DATABASE_SECRET_KEY,
+        text(253),
         help="key of the database URL in that Secret",
-        default="url",
-        parse=text(253),
     )
     sidecar_lease_seconds: float = setting(
-        env="SCHEDLOCK_SIDECAR_LEASE_SECONDS",
-        help="lease of the injected sidecars (how long a frozen leader keeps its keys)",
-        default=10.0,
-        parse=number(2, 300),
-        unit="seconds",
+        "SCHEDLOCK_SIDECAR_LEASE_SECONDS",
+        DEFAULT_LEASE_SECONDS,
+        number(MIN_LEASE_SECONDS, MAX_LEASE_SECONDS),
+        "seconds",
+        help="lease of the injected sidecars (how long a frozen leader keeps its keys); "
+        "they derive their heartbeat from it",
     )
     sidecar_resources: dict[str, Any] | None = setting(
-        env="SCHEDLOCK_SIDECAR_RESOURCES",
+        "SCHEDLOCK_SIDECAR_RESOURCES",
+        None,
+        parse_resources,
+        "json",
         help="resources of the injected sidecar container, as JSON",
-        default=None,
-        parse=parse_resources,
-        unit="json",
     )
     sidecar_signing_secret: SecretRef | None = setting(
-        env="SCHEDLOCK_SIDECAR_SIGNING_SECRET",
+        "SCHEDLOCK_SIDECAR_SIGNING_SECRET",
+        None,
+        parse_signing_secret,
+        "secret",
         help="Secret in each app namespace whose key signs the injected sidecars' deliveries, "
         "as NAME or NAME/KEY (KEY defaults to signing-secret); empty: no signing. A pod's "
         "schedlock.dev/signing-secret annotation overrides it (empty: off for that pod)",
-        default=None,
-        parse=parse_signing_secret,
-        unit="secret",
     )
-    sweep_seconds: float = setting(
-        env="SCHEDLOCK_SYNC_SWEEP_SECONDS",
-        help="how often the status sync re-reads changed rows (repairs lost notifications)",
-        default=30.0,
-        parse=number(1, 3600),
-        unit="seconds",
-    )
-    reassert_seconds: float = setting(
-        env="SCHEDLOCK_REASSERT_SECONDS",
-        help="how often every object's row is compared with the object and restored when "
-        "missing or stale (a restore from a backup, an asynchronous fail-over); at most 60 by "
-        "default so a lost row comes back within a minute",
-        default=30.0,
-        parse=number(1, 3600),
-        unit="seconds",
-    )
-    holder: str = setting(
-        env="SCHEDLOCK_HOLDER",
-        help="this replica's name in the database (application_name); defaults to the host name",
-        default="",
-        parse=text(63),
-    )
-    migrate: str = setting(
-        env="SCHEDLOCK_MIGRATE",
-        help="auto: apply missing migrations at start; off: wait for `schedlock migrate`",
-        default="auto",
-        parse=choice("auto", "off"),
-    )
-    log_level: str = log_level_setting()
-    log_format: str = log_format_setting()
-
-    def validate(self) -> None:
-        cls = type(self)
-        if not self.database_url:
-            raise SettingError(spec_of(cls, "database_url"), "is required")
-        if self.database_url.startswith("sqlite"):
-            raise SettingError(
-                spec_of(cls, "database_url"),
-                "must be a postgresql:// URL (the operator listens for outcomes with NOTIFY)",
-            )
-        if (self.webhook_cert_file is None) != (self.webhook_key_file is None):
-            raise SettingError(
-                spec_of(cls, "webhook_key_file"),
-                "set both SCHEDLOCK_WEBHOOK_CERT_FILE and SCHEDLOCK_WEBHOOK_KEY_FILE, or neither",
-            )
-
-    @property
-    def holder_name(self) -> str:
-        return self.holder or socket.gethostname()
-
-    @property
-    def webhook_enabled(self) -> bool:
-        return self.webhook_cert_file is not None
 
     @property
     def injection(self) -> InjectionConfig:
@@ -209,3 +109,85 @@ class OperatorSettings:
             resources=self.sidecar_resources or copy.deepcopy(DEFAULT_RESOURCES),
             signing_secret=self.sidecar_signing_secret,
         )
+
+
+@dataclass(frozen=True)
+class OperatorSettings(ServiceSettings, InjectionSettings):
+    database_url: str = database_setting(
+        "PostgreSQL shared with the sidecars (postgresql://…; the operator needs LISTEN/NOTIFY)"
+    )
+    watch_namespaces: tuple[str, ...] = setting(
+        "SCHEDLOCK_WATCH_NAMESPACES",
+        (),
+        namespace_list,
+        "list",
+        help="comma-separated namespaces to serve; empty serves the whole cluster",
+    )
+    health_port: int = setting(
+        "SCHEDLOCK_HEALTH_PORT",
+        8080,
+        integer(1, 65535),
+        "port",
+        help="port of /healthz (alive) and /readyz (ready: database usable, watches running)",
+    )
+    webhook_port: int = setting(
+        "SCHEDLOCK_WEBHOOK_PORT",
+        9443,
+        integer(1, 65535),
+        "port",
+        help="port of the HTTPS admission webhook (validation of ScheduledPublish objects)",
+    )
+    webhook_host: str = setting(
+        "SCHEDLOCK_WEBHOOK_HOST",
+        "0.0.0.0",
+        host,
+        "address",
+        help="address the webhook server binds to",
+    )
+    webhook_cert_file: Path | None = setting(
+        "SCHEDLOCK_WEBHOOK_CERT_FILE",
+        None,
+        readable_file,
+        "path",
+        help="TLS certificate (PEM) of the webhook; the webhook is off when unset",
+    )
+    webhook_key_file: Path | None = setting(
+        "SCHEDLOCK_WEBHOOK_KEY_FILE",
+        None,
+        readable_file,
+        "path",
+        help="TLS private key (PEM) of the webhook",
+    )
+    sweep_seconds: float = setting(
+        "SCHEDLOCK_SYNC_SWEEP_SECONDS",
+        30.0,
+        number(1, 3600),
+        "seconds",
+        help="how often the status sync re-reads changed rows (repairs lost notifications)",
+    )
+    reassert_seconds: float = setting(
+        "SCHEDLOCK_REASSERT_SECONDS",
+        30.0,
+        number(1, 3600),
+        "seconds",
+        help="how often every object's row is compared with the object and restored when "
+        "missing or stale (a restore from a backup, an asynchronous fail-over); at most 60 by "
+        "default so a lost row comes back within a minute",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.database_url.startswith("sqlite"):
+            raise SettingError(
+                spec_of(type(self), "database_url"),
+                "must be a postgresql:// URL (the operator listens for outcomes with NOTIFY)",
+            )
+        if (self.webhook_cert_file is None) != (self.webhook_key_file is None):
+            raise SettingError(
+                spec_of(type(self), "webhook_key_file"),
+                "set both SCHEDLOCK_WEBHOOK_CERT_FILE and SCHEDLOCK_WEBHOOK_KEY_FILE, or neither",
+            )
+
+    @property
+    def webhook_enabled(self) -> bool:
+        return self.webhook_cert_file is not None
