@@ -320,14 +320,14 @@ def test_followers_wait_without_queries(migrated_database: str, postgres: object
 def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: str) -> None:
     import json
 
-    from schedlock.store import OUTCOMES_CHANNEL
+    from schedlock.store import Channel
 
     async def run() -> None:
         store = open_store(migrated_database)
         for uid in ("n1", "n2"):
             await store.upsert_publish(spec(uid=uid, due_in=-1))
         listener = await psycopg.AsyncConnection.connect(migrated_database, autocommit=True)
-        await listener.execute(f"LISTEN {OUTCOMES_CHANNEL}")
+        await listener.execute(f"LISTEN {Channel.OUTCOMES}")
         session = store.lock_session(KEY, "a", 10)
         await session.connect()
         await session.acquire()
@@ -398,9 +398,7 @@ def test_runtime_roles_have_no_ddl_and_only_their_privileges(migrated_database: 
 def test_a_pooled_store_bounds_its_sessions_and_survives_their_death(
     migrated_database: str, postgres: PostgresService
 ) -> None:
-    from schedlock.store.postgres import PostgresStore
-
-    store = PostgresStore(migrated_database, application_name="pool-test", pool_size=3)
+    store = open_store(migrated_database, application_name="pool-test", pool_size=3)
 
     async def burst(first: int) -> None:
         await asyncio.gather(*(store.upsert_publish(spec(uid=f"p{first + n}")) for n in range(40)))
@@ -425,9 +423,8 @@ def test_a_pooled_store_bounds_its_sessions_and_survives_their_death(
 
 def test_a_pooled_store_reports_the_servers_own_refusal(migrated_database: str) -> None:
     from schedlock.store import StoreUnavailable
-    from schedlock.store.postgres import PostgresStore
     from testbed.pg_fixtures import as_role
 
-    store = PostgresStore(as_role(migrated_database, "nobody_here"), pool_size=2)
+    store = open_store(as_role(migrated_database, "nobody_here"), pool_size=2)
     with pytest.raises(StoreUnavailable, match='role "nobody_here" does not exist'):
         asyncio.run(store.upsert_publish(spec()))

@@ -24,8 +24,7 @@ from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
-from schedlock.store import ReadOnlyServer, StoreError, wait_for_schema
-from schedlock.store.postgres import PostgresStore
+from schedlock.store import ReadOnlyServer, Store, StoreError, open_store, wait_for_schema
 
 log = logging.getLogger("schedlock.operator")
 EXIT_FATAL = 1
@@ -72,7 +71,7 @@ def signals_stop(stopping: asyncio.Event) -> Iterator[None]:
 
 
 async def run(settings: OperatorSettings) -> int:
-    store = PostgresStore(
+    store = open_store(
         settings.database_url, application_name=settings.holder_name, pool_size=ADMIN_POOL_SIZE
     )
     readiness = Readiness()
@@ -111,7 +110,7 @@ async def run(settings: OperatorSettings) -> int:
 
 
 async def run_kopf(
-    store: PostgresStore,
+    store: Store,
     settings: OperatorSettings,
     readiness: Readiness,
     stopping: asyncio.Event,

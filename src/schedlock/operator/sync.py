@@ -24,8 +24,7 @@ from schedlock.core.identities import Scheduler, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping
 from schedlock.operator.kube import Kube, KubeError
-from schedlock.store import OUTCOMES_CHANNEL, PublishRecord, StoreError
-from schedlock.store.postgres import HeldLock, PostgresStore
+from schedlock.store import Channel, HeldLock, PublishRecord, Store, StoreError
 
 log = logging.getLogger("schedlock.operator.sync")
 SYNC_LOCK_OBJID = 1
@@ -47,7 +46,7 @@ def object_uid(record: PublishRecord) -> str:
 
 class StatusSync:
     def __init__(
-        self, store: PostgresStore, kube: KubeApi | None, *, sweep_seconds: float, holder: str
+        self, store: Store, kube: KubeApi | None, *, sweep_seconds: float, holder: str
     ) -> None:
         self.store = store
         self._kube = kube
@@ -109,7 +108,7 @@ class StatusSync:
     async def _active(self, held: HeldLock, stopping: asyncio.Event) -> None:
         ready = asyncio.Event()
         listener = asyncio.create_task(
-            self.store.listen(OUTCOMES_CHANNEL, self._on_outcomes, ready), name="sync-listen"
+            self.store.listen(Channel.OUTCOMES, self._on_outcomes, ready), name="sync-listen"
         )
         try:
             with contextlib.suppress(TimeoutError):

@@ -39,7 +39,7 @@ from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.target import TargetWatch
-from schedlock.store import ROWS_CHANNEL, Completion, FireRow, LeadershipLost, Store, StoreError
+from schedlock.store import Channel, Completion, FireRow, LeadershipLost, Store, StoreError
 
 log = logging.getLogger("schedlock.firing")
 
@@ -195,7 +195,7 @@ class _Term:
                 self.wake.set()
 
         try:
-            await self.session.listen(ROWS_CHANNEL, on_payload)
+            await self.session.listen(Channel.ROWS, on_payload)
         except StoreError as exc:
             log.warning(
                 "listen failed, relying on timers",

@@ -1,9 +1,12 @@
 """The database contract: the one module that talks to PostgreSQL or SQLite.
 
-Domain verbs only — callers never see SQL or a driver.  :func:`open_store` picks the backend
-from the URL (``postgresql://…`` or ``sqlite:///path``).  The SQL lives as named queries in
-``queries/<dialect>.sql``; migrations in ``migrations/NNNN_name.<dialect>.sql`` have the same
-ids and order on both dialects.
+Domain verbs only — callers never see SQL or a driver.  :class:`Store` and
+:class:`LockSession` are the contract; :func:`open_store` picks the dialect from the URL
+(``postgresql://…`` or ``sqlite:///path``).  The verbs are written once
+(:mod:`schedlock.store.verbs`) over a connector per dialect (:mod:`schedlock.store.postgres`,
+:mod:`schedlock.store.sqlite`) that runs named queries (``queries/common.sql`` for both,
+``queries/<dialect>.sql`` for the rest); migrations in ``migrations/NNNN_name.<dialect>.sql``
+have the same ids and order on both dialects.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from schedlock.store.errors import (
     UnsafeConnection,
     schema_too_new,
 )
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID, SCHEDULERS, STANDBY_CLASS_ID, LockKey
+from schedlock.store.keys import SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
 from schedlock.store.models import (
+    RECORDED_OUTCOMES,
+    Channel,
     ClaimResult,
     Completion,
     DueSchedule,
@@ -43,6 +48,7 @@ from schedlock.store.models import (
     PublishSpec,
     RecordedOutcome,
     ReserveRoster,
+    RowState,
     RowVersion,
     ScheduleRecord,
     ScheduleSpec,
@@ -51,21 +57,18 @@ from schedlock.store.models import (
     UpsertResult,
 )
 
-ROWS_CHANNEL = "schedlock_rows"
-OUTCOMES_CHANNEL = "schedlock_outcomes"
-
 __all__ = [
-    "OUTCOMES_CHANNEL",
-    "ROWS_CHANNEL",
+    "RECORDED_OUTCOMES",
     "SCHEDLOCK_CLASS_ID",
-    "SCHEDULERS",
     "STANDBY_CLASS_ID",
+    "Channel",
     "ClaimResult",
     "Completion",
     "ConnectionsExhausted",
     "DueSchedule",
     "FireRow",
     "Heartbeat",
+    "HeldLock",
     "KeyStatus",
     "LeadershipLost",
     "LockKey",
@@ -77,6 +80,7 @@ __all__ = [
     "ReadOnlyServer",
     "RecordedOutcome",
     "ReserveRoster",
+    "RowState",
     "RowVersion",
     "ScheduleRecord",
     "ScheduleSpec",
@@ -136,7 +140,16 @@ class LockSession(Protocol):
     ) -> None: ...
 
 
+class HeldLock(Protocol):
+    """A lock held by a session of its own (the operator's sync lock); closing releases it."""
+
+    async def ping(self) -> None: ...
+    async def close(self) -> None: ...
+
+
 class Store(Protocol):
+    """The database contract of every component (both dialects implement every verb)."""
+
     dialect: str
     always_leader: bool
     url: str
@@ -150,12 +163,18 @@ class Store(Protocol):
     async def listen(
         self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
     ) -> None: ...
+    async def hold_lock(self, objid: int, holder: str) -> HeldLock: ...
     async def upsert_publish(self, spec: PublishSpec) -> UpsertResult: ...
     async def upsert_schedule(self, spec: ScheduleSpec) -> UpsertResult: ...
     async def cancel_publish(self, uid: str) -> bool: ...
     async def cancel_schedule(self, uid: str) -> int: ...
     async def key_status(self) -> list[KeyStatus]: ...
     async def get_publish(self, uid: str) -> PublishRecord | None: ...
+    async def get_schedule(self, uid: str) -> ScheduleRecord | None: ...
+    async def latest_slot(self, schedule_uid: str) -> PublishRecord | None: ...
+    async def changed_since(
+        self, since: datetime | None, limit: int = 500
+    ) -> tuple[list[PublishRecord], datetime]: ...
     async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]: ...
     async def row_versions(self, uids: Sequence[str]) -> list[RowVersion]: ...
     async def restore_publish(
@@ -240,15 +259,23 @@ async def wait_for_schema(
     return False
 
 
-def open_store(url: str, *, application_name: str = "schedlock") -> Store:
-    """The store for a database URL (no I/O happens until a verb is called)."""
+def open_store(url: str, *, application_name: str = "schedlock", pool_size: int = 0) -> Store:
+    """The store for a database URL (no I/O happens until a verb is called).
+
+    ``pool_size`` > 0: PostgreSQL admin verbs share a pool of at most that many sessions
+    (0: one connection per verb); SQLite has one connection whatever it says.
+    """
+    from schedlock.store.verbs import SqlStore
+
     scheme = url.split(":", 1)[0].lower()
     if scheme in ("postgresql", "postgres"):
-        from schedlock.store.postgres import PostgresStore
+        from schedlock.store.postgres import PostgresConnector
 
-        return PostgresStore(url, application_name=application_name)
+        return SqlStore(
+            PostgresConnector(url, application_name=application_name, pool_size=pool_size)
+        )
     if scheme == "sqlite":
-        from schedlock.store.sqlite import SqliteStore
+        from schedlock.store.sqlite import SqliteConnector
 
-        return SqliteStore(url, application_name=application_name)
+        return SqlStore(SqliteConnector(url))
     raise StoreError(f"unsupported database URL scheme {scheme!r}")

@@ -27,13 +27,13 @@ standby fewer for each, still bounded and still correct), which needs no registr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
 SCHEDLOCK_CLASS_ID = 0x53434C4B
 STANDBY_CLASS_ID = 0x53434C53
 MIGRATIONS_OBJID = 0  # the lock that serialises migrations: (SCHEDLOCK_CLASS_ID, 0)
-SCHEDULERS = ("publish", "recurring")
 
 
 def objid_for(text: str) -> int:
@@ -64,13 +64,8 @@ class LockKey:
         return [objid_for(f"{self.text}/standby/{i}") for i in range(places)]
 
     def params(self) -> dict[str, object]:
-        return {
-            "scheduler": self.scheduler,
-            "namespace": self.namespace,
-            "target": self.target,
-            "classid": self.classid,
-            "objid": self.objid,
-        }
+        """The key as query parameters: its three parts and its lock ids."""
+        return {**dataclasses.asdict(self), "classid": self.classid, "objid": self.objid}
 
     def __str__(self) -> str:
         return f"{self.scheduler}/{self.namespace}/{self.target}"

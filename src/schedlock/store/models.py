@@ -4,18 +4,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
-# Row states. A row moves scheduled -> firing -> published | failed | missed (or back to
-# scheduled for a retry) only on the lock session of its scheduler's key.
-SCHEDULED = "scheduled"
-FIRING = "firing"
-PUBLISHED = "published"
-FAILED = "failed"
-MISSED = "missed"
-CANCELLED = "cancelled"
-SUSPENDED = "suspended"
-TERMINAL_STATES = frozenset({PUBLISHED, FAILED, MISSED, CANCELLED})
+
+class RowState(StrEnum):
+    """A row's state (the ``state`` column of ``schedlock_publishes``).
+
+    A row moves scheduled -> firing -> published | failed | missed (or back to scheduled for
+    a retry) only on the lock session of its scheduler's key.
+    """
+
+    SCHEDULED = "scheduled"
+    FIRING = "firing"
+    PUBLISHED = "published"
+    FAILED = "failed"
+    MISSED = "missed"
+    CANCELLED = "cancelled"
+    SUSPENDED = "suspended"
+
+
+# The outcomes an object's status may already record (a row is never fired again after one).
+RECORDED_OUTCOMES = frozenset({RowState.PUBLISHED, RowState.FAILED, RowState.MISSED})
+
+
+class Channel(StrEnum):
+    """The NOTIFY channels (PostgreSQL; SQLite relies on timers and the safety poll)."""
+
+    ROWS = "schedlock_rows"
+    """A row became due-able (migration 0001's triggers): payload ``scheduler/namespace/target``."""
+    OUTCOMES = "schedlock_outcomes"
+    """A batch of outcomes was recorded: JSON with the key, the term and the row ``ids``."""
 
 
 @dataclass(frozen=True)
@@ -39,14 +58,18 @@ class FireRow:
 
 @dataclass(frozen=True)
 class Completion:
-    """What happened to one claimed row. ``outcome`` is published/retry/failed/missed."""
+    """What happened to one claimed row."""
 
     id: int
     outcome: str
+    """published, retry, failed or missed."""
     next_attempt_at: datetime | None = None
+    """When a retry is due (None: unchanged)."""
     status: int | None = None
+    """The app's HTTP status, if it answered."""
     error: str | None = None
     sent: bool = True
+    """False: the request never left (the claim's attempt is given back)."""
 
 
 @dataclass(frozen=True)
@@ -84,15 +107,15 @@ class DueSchedule:
     db_now: datetime
 
 
-@dataclass(frozen=True)
-class PublishSpec:
-    """A one-shot publish as the operator or CLI declares it (keyed by ``uid``)."""
+@dataclass(frozen=True, kw_only=True)
+class RowSpec:
+    """What a one-shot publish and a schedule share, as the operator or CLI declares them
+    (keyed by ``uid``; its fields are the upsert queries' parameters, by name)."""
 
     namespace: str
     name: str
     uid: str
     target: str
-    due_at: datetime
     payload: dict[str, Any] = field(default_factory=dict)
     generation: int = 1
     max_attempts: int = 3
@@ -101,22 +124,19 @@ class PublishSpec:
     suspended: bool = False
 
 
-@dataclass(frozen=True)
-class ScheduleSpec:
-    """A recurring schedule (cron or ``@every``) keyed by ``uid``."""
+@dataclass(frozen=True, kw_only=True)
+class PublishSpec(RowSpec):
+    """A one-shot publish."""
 
-    namespace: str
-    name: str
-    uid: str
-    target: str
+    due_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSpec(RowSpec):
+    """A recurring schedule (cron or ``@every``)."""
+
     expression: str
     time_zone: str = "UTC"
-    payload: dict[str, Any] = field(default_factory=dict)
-    generation: int = 1
-    max_attempts: int = 3
-    backoff_seconds: float = 1.0
-    starting_deadline_seconds: int | None = None
-    suspended: bool = False
 
 
 @dataclass(frozen=True)

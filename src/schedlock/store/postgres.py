@@ -13,17 +13,18 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from schedlock.core.logs import Event
-from schedlock.store import queries, rows
+from schedlock.store import queries
 from schedlock.store.errors import (
     ConnectionsExhausted,
     LeadershipLost,
@@ -34,37 +35,34 @@ from schedlock.store.errors import (
     UnlockFailed,
     UnsafeConnection,
     is_exhausted,
-    schema_too_new,
 )
 from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
-from schedlock.store.migrations import latest_id, migrations, split_statements
-from schedlock.store.models import (
-    ClaimResult,
-    Completion,
-    DueSchedule,
-    FireRow,
-    Heartbeat,
-    KeyStatus,
-    PublishRecord,
-    PublishSpec,
-    RecordedOutcome,
-    ReserveRoster,
-    RowVersion,
-    ScheduleRecord,
-    ScheduleSpec,
-    SchemaStatus,
-    TermStart,
-    UpsertResult,
-)
+from schedlock.store.models import ReserveRoster
+from schedlock.store.rows import Codec, Params, Row, from_row
+from schedlock.store.verbs import LockVerbs
 
 log = logging.getLogger("schedlock.store")
 Q = queries.load("postgres")
 T = TypeVar("T")
-R = TypeVar("R")
 Conn = psycopg.AsyncConnection[DictRow]
 
-ROWS_CHANNEL = "schedlock_rows"
-OUTCOMES_CHANNEL = "schedlock_outcomes"
+
+def _dump_json(value: Any) -> Any:
+    """Dicts and lists of dicts as jsonb; a list of scalars stays an array parameter."""
+    if isinstance(value, list) and not any(isinstance(v, dict) for v in value):
+        return value
+    return Jsonb(value)
+
+
+CODEC = Codec(
+    timestamp=lambda v: v.astimezone(UTC),
+    payload=lambda v: dict(v or {}),
+    dump_timestamp=lambda v: v,
+    dump_json=_dump_json,
+)
+# A pooled verb waits this long for a session before asking the server directly why none
+# came (the pool retries connections in the background and would keep the reason to itself).
+POOL_WAIT_SECONDS = 5.0
 UNSAFE_POOLER = (
     "the database connection does not keep one server session (a pooler in transaction mode, "
     "e.g. PgBouncer pool_mode=transaction?): advisory locks would guard nothing; connect "
@@ -117,6 +115,20 @@ def _describe(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def connect_kwargs(application_name: str, connect_timeout: float = 5) -> dict[str, Any]:
+    """How every session connects: autocommit, rows as dicts, our name, TCP keepalives."""
+    return {
+        "autocommit": True,
+        "row_factory": dict_row,
+        "application_name": application_name[:63],
+        "connect_timeout": max(1, int(connect_timeout)),
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+    }
+
+
 async def connect(url: str, *, application_name: str, connect_timeout: float = 5) -> Conn:
     """Open a session on a writable primary, or raise (every session of both components
     comes through here, so neither leads nor writes on a standby or a read-only server).
@@ -126,16 +138,8 @@ async def connect(url: str, *, application_name: str, connect_timeout: float = 5
     is in recovery or read-only, with a reason naming the server.
     """
     try:
-        conn = await psycopg.AsyncConnection.connect(
-            url,
-            autocommit=True,
-            row_factory=dict_row,
-            application_name=application_name[:63],
-            connect_timeout=max(1, int(connect_timeout)),
-            keepalives=1,
-            keepalives_idle=5,
-            keepalives_interval=2,
-            keepalives_count=3,
+        conn: Conn = await psycopg.AsyncConnection.connect(
+            url, **connect_kwargs(application_name, connect_timeout)
         )
     except psycopg.Error as exc:
         raise StoreUnavailable(_describe(exc)) from exc
@@ -188,13 +192,15 @@ async def require_writable(conn: Conn) -> None:
         raise ReadOnlyServer(reason)
 
 
-class PostgresLockSession:
-    """One dedicated connection: the advisory lock, its lease, heartbeat and row transitions.
+class PostgresLockSession(LockVerbs):
+    """One dedicated connection: the advisory lock, its lease, heartbeat and row transitions
+    (the row verbs are :class:`LockVerbs`', run on this connection).
 
-    Fencing: every transition statement also requires ``schedlock_terms.term`` to equal the
-    term this session started, and runs on the session that holds the lock.  The session can
-    only lose the lock by ending, after which its statements fail; no clock is trusted.
+    The session can only lose the lock by ending, after which its statements fail; no clock
+    is trusted.
     """
+
+    codec = CODEC
 
     def __init__(self, url: str, key: LockKey, holder: str, lease_seconds: float) -> None:
         self.url = url
@@ -224,14 +230,14 @@ class PostgresLockSession:
                 ) from exc
             raise
         try:
-            row = await self._fetchone(
+            row = await self._one_on(
+                conn,
                 "configure_lock_session",
                 {
                     "lease_ms": str(int(self.lease_seconds * 1000)),
                     "keepalive_idle": str(max(1, int(self.lease_seconds / 3))),
                     "keepalive_interval": "1",
                 },
-                conn=conn,
             )
             if row["server_version"] < 140000:
                 raise StoreError(
@@ -244,7 +250,7 @@ class PostgresLockSession:
                     "use them: not taking a slot kept for operators"
                 )
             await conn.execute(Q["register_key"], self.key.params())
-            owner = await self._fetchone("key_of_lock_ids", self.key.params(), conn=conn)
+            owner = await self._one_on(conn, "key_of_lock_ids", self.key.params())
             if LockKey(owner["scheduler"], owner["namespace"], owner["target"]) != self.key:
                 raise LockKeyCollision(
                     f"lock key {self.key} hashes to the same advisory lock ids as another key "
@@ -278,34 +284,28 @@ class PostgresLockSession:
             raise LeadershipLost(f"lock session for {self.key} is closed")
         return self._conn
 
-    async def _fetchone(
-        self, name: str, params: Mapping[str, Any], conn: Conn | None = None
-    ) -> DictRow:
-        async def run() -> DictRow:
-            cur = await (conn or self._require()).execute(Q[name], params)
-            row = await cur.fetchone()
-            if row is None:
-                raise StoreError(f"query {name} returned no row")
-            return row
+    async def _query(
+        self, name: str, params: Params, conn: Conn | None = None
+    ) -> tuple[list[Row], int]:
+        async def run() -> tuple[list[Row], int]:
+            cur = await (conn or self._require()).execute(Q[name], CODEC.encode(params))
+            found: list[Row] = [*await cur.fetchall()] if cur.description is not None else []
+            return found, cur.rowcount
 
         async with self._statement():
             return await _guard(run())
 
-    async def _fetchall(self, name: str, params: Mapping[str, Any]) -> list[DictRow]:
-        async def run() -> list[DictRow]:
-            cur = await self._require().execute(Q[name], params)
-            return await cur.fetchall()
+    async def _fetch(self, name: str, params: Params) -> list[Row]:
+        return (await self._query(name, params))[0]
 
-        async with self._statement():
-            return await _guard(run())
+    async def _execute(self, name: str, params: Params) -> int:
+        return (await self._query(name, params))[1]
 
-    async def _execute(self, name: str, params: Mapping[str, Any]) -> int:
-        async def run() -> int:
-            cur = await self._require().execute(Q[name], params)
-            return cur.rowcount
-
-        async with self._statement():
-            return await _guard(run())
+    async def _one_on(self, conn: Conn, name: str, params: Params) -> Row:
+        found, _ = await self._query(name, params, conn)
+        if not found:
+            raise StoreError(f"query {name} returned no row")
+        return found[0]
 
     # -- LISTEN on the lock session ---------------------------------------------------------------
 
@@ -375,7 +375,7 @@ class PostgresLockSession:
         or None when all ``places`` are taken.  Held until released or the session ends."""
         if places <= 0:
             return None
-        found = await self._fetchall("take_standby_place", self._place_params(places))
+        found = await self._fetch("take_standby_place", self._place_params(places))
         self._place = int(found[0]["place"]) if found else None
         return self._place
 
@@ -386,7 +386,7 @@ class PostgresLockSession:
         if place is None:
             return
         objid = self.key.standby_objids(place + 1)[place]
-        row = await self._fetchone(
+        row = await self._one(
             "leave_standby_place", {"place_classid": STANDBY_CLASS_ID, "place_objid": objid}
         )
         if not row["released"]:
@@ -399,33 +399,23 @@ class PostgresLockSession:
         assert self._place is not None
         objid = self.key.standby_objids(self._place + 1)[self._place]
         params = {"place_classid": STANDBY_CLASS_ID, "place_objids": [objid]}
-        return int((await self._fetchone("standby_places_held", params))["held"]) == 1
+        return int((await self._one("standby_places_held", params))["held"]) == 1
 
     async def reserve_roster(self) -> ReserveRoster:
-        row = await self._fetchone("reserve_roster", {**self.key.params(), "holder": self.holder})
-        return ReserveRoster(
-            db_now=float(row["db_now"]), rank=int(row["rank"]), reserves=int(row["reserves"])
-        )
+        return from_row(ReserveRoster, await self._one("reserve_roster", self._params()), CODEC)
 
     async def enlist_reserve(self, next_check_in: float, grace: float) -> None:
-        await self._execute(
-            "enlist_reserve",
-            {
-                **self.key.params(),
-                "holder": self.holder,
-                "next_check_in": next_check_in,
-                "grace": grace,
-            },
-        )
+        params = self._params(next_check_in=next_check_in, grace=grace)
+        await self._execute("enlist_reserve", params)
 
     async def leave_reserves(self) -> None:
-        await self._execute("leave_reserves", {**self.key.params(), "holder": self.holder})
+        await self._execute("leave_reserves", self._params())
 
     # -- leadership -----------------------------------------------------------------------------
 
     async def acquire(self) -> None:
         """Block until this session holds the lock (a follower waits here, issuing nothing)."""
-        row = await self._fetchone("lock", self.key.params())
+        row = await self._one("lock", self.key.params())
         self._lock_pid = int(row["pid"])
         await self._verify_session_affinity()
 
@@ -452,7 +442,7 @@ class PostgresLockSession:
         re-checks the backend pid.  Failing means refusing to run, never running unguarded.
         """
         async with _affinity_lock():
-            row = await self._fetchone("lock_held", self.key.params())
+            row = await self._one("lock_held", self.key.params())
             if not row["held"] or int(row["pid"]) != self._lock_pid:
                 raise UnsafeConnection(UNSAFE_POOLER)
             if self._place is not None and not await self._holds_place():
@@ -476,7 +466,7 @@ class PostgresLockSession:
                         raise UnsafeConnection(UNSAFE_POOLER)
                     try:
                         again = await asyncio.wait_for(
-                            self._fetchone("lock_held", self.key.params()), timeout=5
+                            self._one("lock_held", self.key.params()), timeout=5
                         )
                     except TimeoutError as exc:
                         raise UnsafeConnection(UNSAFE_POOLER) from exc
@@ -492,125 +482,23 @@ class PostgresLockSession:
         cur = await probe.execute(Q["backend_pid"])
         return probe, await cur.fetchone()
 
-    async def begin_term(self) -> TermStart:
+    async def _before_term(self) -> None:
         # Re-checked on the lock session itself: the server may have turned read-only while
         # this session waited for the lock (a term must never begin there).
         await require_writable(self._require())
-        row = await self._fetchone("begin_term", {**self.key.params(), "holder": self.holder})
-        return TermStart(
-            term=int(row["term"]),
-            previous_holder=row["previous_holder"],
-            gap_seconds=row["gap_seconds"],
-            previous_released=bool(row["previous_released"]),
-        )
 
-    async def heartbeat(self, term: int) -> Heartbeat:
-        row = await self._fetchone("heartbeat", {**self.key.params(), "term": term})
-        if self._lock_pid is not None and int(row["pid"]) != self._lock_pid:
+    def _check_backend(self, heartbeat: Row) -> None:
+        if self._lock_pid is not None and int(heartbeat["pid"]) != self._lock_pid:
             # Continuous affinity check at no cost: a pooler moved us to another server session.
             raise UnsafeConnection(UNSAFE_POOLER)
-        if not row["alive"]:
-            raise LeadershipLost(f"term {term} of {self.key} was superseded")
-        return Heartbeat(
-            alive=True, backlog=int(row["backlog"]), oldest_due_age=row["oldest_due_age"]
-        )
 
-    async def release(self, term: int | None) -> None:
-        """Graceful hand-over: record the release, unlock (checked), close."""
-        try:
-            if term is not None:
-                await self._execute("release_term", {**self.key.params(), "term": term})
-            row = await self._fetchone("unlock", self.key.params())
-            if not row["released"]:
-                raise UnlockFailed(
-                    f"pg_advisory_unlock({self.key.classid}, {self.key.objid}) returned false "
-                    f"for {self.key}: this session did not hold the lock"
-                )
-        finally:
-            await self.close()
-
-    # -- rows -----------------------------------------------------------------------------------
-
-    async def adopt_orphans(self, term: int) -> list[FireRow]:
-        found = await self._fetchall(
-            "adopt_orphans", {**self.key.params(), "term": term, "holder": self.holder}
-        )
-        return [rows.fire_row(r, rows.POSTGRES) for r in found]
-
-    async def claim_due(self, term: int, limit: int) -> ClaimResult:
-        params = {**self.key.params(), "term": term, "holder": self.holder, "limit": limit}
-        found = await self._fetchall("claim_due", params) if limit > 0 else []
-        next_due_in: float | None = None
-        if len(found) < limit or limit == 0:
-            nd = await self._fetchone("next_due", self.key.params())
-            next_due_in = nd["next_due_in"]
-        return ClaimResult(
-            rows=[rows.fire_row(r, rows.POSTGRES) for r in found],
-            next_due_in=next_due_in,
-        )
-
-    async def complete(self, term: int, completions: Sequence[Completion]) -> int:
-        if not completions:
-            return 0
-        params = {
-            **self.key.params(),
-            "term": term,
-            "ids": [c.id for c in completions],
-            "outcomes": [c.outcome for c in completions],
-            "next_attempts": [c.next_attempt_at for c in completions],
-            "statuses": [c.status for c in completions],
-            "errors": [c.error for c in completions],
-            "sent": [c.sent for c in completions],
-        }
-        row = await self._fetchone("complete", params)
-        done = int(row["completed"])
-        if done != len(completions):
-            raise LeadershipLost(
-                f"only {done} of {len(completions)} outcomes were recorded for {self.key} "
-                f"term {term}: the term moved on"
+    async def _unlock(self) -> None:
+        row = await self._one("unlock", self.key.params())
+        if not row["released"]:
+            raise UnlockFailed(
+                f"pg_advisory_unlock({self.key.classid}, {self.key.objid}) returned false "
+                f"for {self.key}: this session did not hold the lock"
             )
-        return done
-
-    async def due_schedules(self, limit: int) -> list[DueSchedule]:
-        found = await self._fetchall("due_schedules", {**self.key.params(), "limit": limit})
-        return [rows.due_schedule(r, rows.POSTGRES) for r in found]
-
-    async def next_slot_in(self) -> float | None:
-        row = await self._fetchone("next_slot", self.key.params())
-        if row["unplanned"]:
-            return 0.0
-        value = row["next_due_in"]
-        return None if value is None else float(value)
-
-    async def insert_slot(
-        self, term: int, schedule_id: int, slot_uid: str, slot_at: datetime
-    ) -> bool:
-        params = {
-            "term": term,
-            "schedule_id": schedule_id,
-            "slot_uid": slot_uid,
-            "slot_at": slot_at,
-        }
-        return await self._execute("insert_slot", params) == 1
-
-    async def advance_schedule(
-        self,
-        term: int,
-        schedule_id: int,
-        *,
-        watermark_at: datetime,
-        next_slot_at: datetime,
-        fired_slot_at: datetime | None,
-    ) -> None:
-        params = {
-            "term": term,
-            "schedule_id": schedule_id,
-            "watermark_at": watermark_at,
-            "next_slot_at": next_slot_at,
-            "fired_slot_at": fired_slot_at,
-        }
-        if await self._execute("advance_schedule", params) != 1:
-            raise LeadershipLost(f"term {term} of {self.key} was superseded")
 
 
 class HeldLock:
@@ -628,157 +516,120 @@ class HeldLock:
             await asyncio.wait_for(self._conn.close(), 2)
 
 
-class SessionPool:
-    """At most ``size`` admin sessions, reused: a burst of upserts waits for a free session
-    instead of opening one connection each (and running the server out of connections).
+class PostgresSession:
+    """Named queries on one connection (pooled or direct)."""
 
-    Idle sessions are kept; one that is broken or not idle when returned is closed.  Opening
-    a session goes through :func:`connect`, so failures keep the server's own message.
-    """
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
 
-    def __init__(self, url: str, application_name: str, size: int) -> None:
-        self.url = url
-        self.application_name = application_name
-        self.size = size
-        self._idle: list[Conn] = []
-        self._slots = asyncio.Semaphore(size)
+    async def _query(self, name: str, params: Params) -> tuple[list[Row], int]:
+        cur = await _guard(self.conn.execute(Q[name], CODEC.encode(params)))
+        found: list[Row] = [*await _guard(cur.fetchall())] if cur.description else []
+        return found, cur.rowcount
+
+    async def fetch(self, name: str, params: Params) -> list[Row]:
+        return (await self._query(name, params))[0]
+
+    async def execute(self, name: str, params: Params) -> int:
+        return (await self._query(name, params))[1]
+
+    async def run_sql(self, statement: str) -> None:
+        await _guard(self.conn.execute(statement))
 
     @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[tuple[Conn, bool]]:
-        """A session and whether it was reused (it may have died while idle)."""
-        async with self._slots:
-            reused = bool(self._idle)
-            conn = (
-                self._idle.pop()
-                if reused
-                else await connect(self.url, application_name=self.application_name)
-            )
-            try:
-                yield conn, reused
-            finally:
-                idle = psycopg.pq.TransactionStatus.IDLE
-                if not conn.closed and conn.info.transaction_status == idle:
-                    self._idle.append(conn)
-                else:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.close(), 2)
-
-    async def close(self) -> None:
-        """Close the idle sessions (sessions in use close when returned, if broken)."""
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 2)
+    async def transaction(self) -> AsyncIterator[None]:
+        async with self.conn.transaction():
+            yield
 
 
-class PostgresStore:
-    """Admin verbs (migrate, upsert, cancel, status) and the factory for lock sessions."""
+class PostgresConnector:
+    """Admin sessions (a :mod:`psycopg_pool` pool of ``pool_size``, or one connection per
+    verb), the operator's LISTEN, held locks, and the factory of lock sessions.
+
+    Every session is checked on a writable primary: a new one by :func:`connect`, a pooled
+    one at each checkout by the pool's ``check`` (which also finds one that died idle).
+    """
 
     dialect = "postgres"
     always_leader = False
+    codec = CODEC
 
-    def __init__(
-        self, url: str, *, application_name: str = "schedlock", pool_size: int = 0
-    ) -> None:
+    def __init__(self, url: str, *, application_name: str, pool_size: int = 0) -> None:
         self.url = url
         self.application_name = application_name
-        self.pool = SessionPool(url, application_name, pool_size) if pool_size > 0 else None
+        self.pool_size = pool_size
+        self._pool: AsyncConnectionPool[Conn] | None = None
 
     async def close(self) -> None:
-        if self.pool is not None:
-            await self.pool.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def _open_pool(self) -> AsyncConnectionPool[Conn]:
+        if self._pool is None:
+            pool = AsyncConnectionPool(
+                self.url,
+                connection_class=psycopg.AsyncConnection[DictRow],
+                kwargs=connect_kwargs(self.application_name),
+                min_size=0,
+                max_size=self.pool_size,
+                check=require_writable,
+                open=False,
+                name=self.application_name,
+            )
+            await pool.open()
+            self._pool = pool
+        return self._pool
+
+    async def _pooled(self) -> tuple[AsyncConnectionPool[Conn], Conn]:
+        pool = await self._open_pool()
+        while True:
+            try:
+                return pool, await pool.getconn(timeout=POOL_WAIT_SECONDS)
+            except PoolTimeout:
+                # Every session busy, or none can be opened: a direct attempt says which
+                # (raising the server's own refusal), and a busy pool is waited for.
+                probe = await connect(self.url, application_name=self.application_name)
+                await probe.close()
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Conn]:
-        conn = await connect(self.url, application_name=self.application_name)
+    async def session(self) -> AsyncIterator[PostgresSession]:
+        if self.pool_size <= 0:
+            async with self._connection() as conn:
+                yield PostgresSession(conn)
+            return
+        pool, conn = await self._pooled()
+        try:
+            yield PostgresSession(conn)
+        finally:
+            await pool.putconn(conn)
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, application_name: str | None = None) -> AsyncIterator[Conn]:
+        conn = await connect(self.url, application_name=application_name or self.application_name)
         try:
             yield conn
         finally:
-            await conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)
 
-    async def _run(self, fn: Callable[[Conn], Awaitable[T]], *, pooled: bool = True) -> T:
-        """Run ``fn`` on a session: a pooled one when this store has a pool, else a new one.
+    async def _direct(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        async with self._connection() as conn:
+            return await fn(conn)
 
-        Every verb run this way is idempotent (upserts keyed by uid + generation, cancels,
-        reads), so a pooled session that turns out dead (the server restarted while it idled)
-        is retried once on a fresh one instead of failing the caller.
-        """
-
-        async def direct() -> T:
-            async with self._connection() as conn:
-                return await fn(conn)
-
-        if self.pool is None or not pooled:
-            return await _guard(direct())
-        pool = self.pool
-
-        async def run() -> T:
-            for last in (False, True):
-                async with pool.session() as (conn, reused):
-                    try:
-                        return await fn(conn)
-                    except psycopg.OperationalError:
-                        if last or not reused or not conn.closed:
-                            raise
-                await pool.close()  # the server went away: every idle session is dead too
-            raise AssertionError("unreachable")
-
-        return await _guard(run())
-
-    # -- schema ---------------------------------------------------------------------------------
-
-    async def migrate(self) -> list[int]:
-        """Apply missing migrations under an advisory lock; refuse a schema that is too new."""
-
-        async def run(conn: Conn) -> list[int]:
-            await conn.execute(
-                "SELECT pg_advisory_lock(%s, %s)", (SCHEDLOCK_CLASS_ID, MIGRATIONS_OBJID)
-            )
+    @contextlib.asynccontextmanager
+    async def migration_session(self) -> AsyncIterator[PostgresSession]:
+        """A session of its own holding the migration lock (session-level: never pooled)."""
+        async with self._connection() as conn:
+            session = PostgresSession(conn)
+            lock = {"classid": SCHEDLOCK_CLASS_ID, "objid": MIGRATIONS_OBJID}
+            await session.fetch("lock", lock)
             try:
-                await conn.execute(
-                    "CREATE TABLE IF NOT EXISTS schedlock_migrations ("
-                    " id integer PRIMARY KEY, name text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-                cur = await conn.execute(
-                    "SELECT coalesce(max(id), 0) AS id FROM schedlock_migrations"
-                )
-                row = await cur.fetchone()
-                current = int(row["id"]) if row else 0
-                latest = latest_id("postgres")
-                if current > latest:
-                    raise schema_too_new(current, latest)
-                applied: list[int] = []
-                for migration in migrations("postgres"):
-                    if migration.id <= current:
-                        continue
-                    async with conn.transaction():
-                        for statement in split_statements(migration.sql):
-                            await conn.execute(statement)
-                        await conn.execute(
-                            "INSERT INTO schedlock_migrations (id, name) VALUES (%s, %s)",
-                            (migration.id, migration.name),
-                        )
-                    log.info(
-                        "applied migration",
-                        extra={
-                            "event": Event.MIGRATION_APPLIED,
-                            "migration": migration.id,
-                            "migration_name": migration.name,
-                        },
-                    )
-                    applied.append(migration.id)
-                return applied
+                yield session
             finally:
-                cur = await conn.execute(
-                    "SELECT pg_advisory_unlock(%s, %s) AS released",
-                    (SCHEDLOCK_CLASS_ID, MIGRATIONS_OBJID),
-                )
-                released = await cur.fetchone()
-                if not released or not released["released"]:
+                released = await session.fetch("unlock", lock)
+                if not released[0]["released"]:
                     raise UnlockFailed("the migration lock was not held when releasing it")
-
-        return await self._run(run, pooled=False)  # holds a session-level lock
 
     async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
         """Grant the least privileges each runtime role needs (run as the schema owner).
@@ -809,7 +660,7 @@ class PostgresStore:
                 done.append(role)
             return done
 
-        return await self._run(run)
+        return await _guard(self._direct(run))
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         """The connected role and which of ``component``'s grants it lacks (e.g.
@@ -843,20 +694,7 @@ class PostgresStore:
             ]
             return str(row["role"]), missing
 
-        return await self._run(run)
-
-    async def schema_status(self) -> SchemaStatus:
-        async def run(conn: Conn) -> SchemaStatus:
-            cur = await conn.execute(
-                "SELECT CASE WHEN to_regclass('schedlock_migrations') IS NULL THEN 0 "
-                "ELSE (SELECT coalesce(max(id), 0) FROM schedlock_migrations) END AS id"
-            )
-            row = await cur.fetchone()
-            return SchemaStatus(current=int(row["id"]) if row else 0, latest=latest_id("postgres"))
-
-        return await self._run(run)
-
-    # -- sessions -------------------------------------------------------------------------------
+        return await _guard(self._direct(run))
 
     def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> PostgresLockSession:
         return PostgresLockSession(self.url, key, holder, lease_seconds)
@@ -867,114 +705,14 @@ class PostgresStore:
         """LISTEN on a dedicated connection and call ``on_payload`` until cancelled."""
 
         async def run() -> None:
-            conn = await connect(self.url, application_name=f"{self.application_name}-listen")
-            try:
-                await conn.execute(f"LISTEN {channel}")
+            async with self._connection(f"{self.application_name}-listen") as conn:
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                 if ready is not None:
                     ready.set()
                 async for note in conn.notifies():
                     on_payload(note.payload)
-            finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(conn.close(), 2)
 
         await _guard(run())
-
-    # -- admin verbs ----------------------------------------------------------------------------
-
-    async def upsert_publish(self, spec: PublishSpec) -> UpsertResult:
-        params = _publish_params(spec)
-        return await self._run(lambda c: _upsert(c, "upsert_publish", params))
-
-    async def upsert_schedule(self, spec: ScheduleSpec) -> UpsertResult:
-        params = {
-            "namespace": spec.namespace,
-            "name": spec.name,
-            "uid": spec.uid,
-            "generation": spec.generation,
-            "target": spec.target,
-            "expression": spec.expression,
-            "time_zone": spec.time_zone,
-            "payload": Jsonb(spec.payload),
-            "max_attempts": spec.max_attempts,
-            "backoff_seconds": spec.backoff_seconds,
-            "starting_deadline_seconds": spec.starting_deadline_seconds,
-            "suspended": spec.suspended,
-        }
-        return await self._run(lambda c: _upsert(c, "upsert_schedule", params))
-
-    async def cancel_publish(self, uid: str) -> bool:
-        async def run(conn: Conn) -> bool:
-            cur = await conn.execute(Q["cancel_publish"], {"uid": uid})
-            return cur.rowcount > 0
-
-        return await self._run(run)
-
-    async def cancel_schedule(self, uid: str) -> int:
-        async def run(conn: Conn) -> int:
-            cur = await conn.execute(Q["cancel_schedule"], {"uid": uid})
-            return cur.rowcount
-
-        return await self._run(run)
-
-    async def key_status(self) -> list[KeyStatus]:
-        async def run(conn: Conn) -> list[KeyStatus]:
-            cur = await conn.execute(Q["key_status"])
-            return [
-                rows.key_status(
-                    r,
-                    rows.POSTGRES,
-                    lock_holder=r["lock_holder"],
-                    waiters=int(r["waiters"]),
-                    standbys=r["standbys"],
-                    reserves=r["reserves"],
-                )
-                for r in await cur.fetchall()
-            ]
-
-        return await self._run(run)
-
-    async def _record(
-        self, query: str, uid: str, convert: Callable[[DictRow, rows.Codec], R]
-    ) -> R | None:
-        """The one row ``query`` finds for ``uid``, converted; None when there is none."""
-
-        async def run(conn: Conn) -> R | None:
-            cur = await conn.execute(Q[query], {"uid": uid})
-            row = await cur.fetchone()
-            return None if row is None else convert(row, rows.POSTGRES)
-
-        return await self._run(run)
-
-    async def get_publish(self, uid: str) -> PublishRecord | None:
-        return await self._record("get_publish", uid, rows.publish_record)
-
-    async def get_schedule(self, uid: str) -> ScheduleRecord | None:
-        return await self._record("get_schedule", uid, rows.schedule_record)
-
-    async def latest_slot(self, schedule_uid: str) -> PublishRecord | None:
-        return await self._record("latest_slot", schedule_uid, rows.publish_record)
-
-    async def changed_since(
-        self, since: datetime | None, limit: int = 500
-    ) -> tuple[list[PublishRecord], datetime]:
-        """Rows changed after ``since`` and the watermark to pass next time (database clock)."""
-
-        async def run(conn: Conn) -> tuple[list[PublishRecord], datetime]:
-            cur = await conn.execute(Q["db_now"])
-            now_row = await cur.fetchone()
-            assert now_row is not None
-            start = since or datetime(1970, 1, 1, tzinfo=UTC)
-            cur = await conn.execute(Q["changed_since"], {"since": start, "limit": limit})
-            found = await cur.fetchall()
-            records = [rows.publish_record(r, rows.POSTGRES) for r in found]
-            if len(found) == limit:  # more to read: continue from the last one seen
-                return records, found[-1]["updated_at"]
-            # Overlap by a few seconds: a row whose statement began before now() may commit
-            # after it; re-reading it is harmless (syncing is idempotent).
-            return records, now_row["now"] - timedelta(seconds=5)
-
-        return await self._run(run)
 
     async def hold_lock(self, objid: int, holder: str) -> HeldLock:
         """Block until this process holds ``(SCHEDLOCK_CLASS_ID, objid)`` on its own session."""
@@ -987,57 +725,3 @@ class PostgresStore:
             await conn.close()
             raise
         return HeldLock(conn)
-
-    async def row_versions(self, uids: Sequence[str]) -> list[RowVersion]:
-        """(kind, uid, generation, state) of the one-shot rows and schedules behind ``uids``."""
-
-        async def run(conn: Conn) -> list[RowVersion]:
-            cur = await conn.execute(Q["row_versions"], {"uids": list(uids)})
-            return [rows.row_version(r) for r in await cur.fetchall()]
-
-        return await self._run(run)
-
-    async def restore_publish(self, spec: PublishSpec, outcome: RecordedOutcome) -> UpsertResult:
-        """Store ``spec``'s row in a terminal ``outcome`` its object already records (a row
-        that was lost, or reverted to scheduled); a row that moved on is left alone."""
-        params = {
-            **_publish_params(spec),
-            "state": outcome.state,
-            "attempts": outcome.attempts,
-            "fired_at": outcome.fired_at,
-            "last_error": outcome.last_error,
-            "term": outcome.term,
-            "holder": outcome.holder,
-        }
-        return await self._run(lambda c: _upsert(c, "restore_publish", params))
-
-    async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]:
-        async def run(conn: Conn) -> list[PublishRecord]:
-            cur = await conn.execute(Q["publishes_by_id"], {"ids": list(ids)})
-            return [rows.publish_record(r, rows.POSTGRES) for r in await cur.fetchall()]
-
-        return await self._run(run)
-
-
-def _publish_params(spec: PublishSpec) -> dict[str, Any]:
-    return {
-        "namespace": spec.namespace,
-        "name": spec.name,
-        "uid": spec.uid,
-        "generation": spec.generation,
-        "target": spec.target,
-        "due_at": spec.due_at,
-        "payload": Jsonb(spec.payload),
-        "max_attempts": spec.max_attempts,
-        "backoff_seconds": spec.backoff_seconds,
-        "starting_deadline_seconds": spec.starting_deadline_seconds,
-        "suspended": spec.suspended,
-    }
-
-
-async def _upsert(conn: Conn, name: str, params: Mapping[str, Any]) -> UpsertResult:
-    cur = await conn.execute(Q[name], params)
-    row = await cur.fetchone()
-    if row is None:
-        return UpsertResult(id=None, state=None, inserted=False)
-    return UpsertResult(id=int(row["id"]), state=row["state"], inserted=bool(row["inserted"]))

@@ -1,151 +1,104 @@
-"""Database rows -> store models, shared by both dialects (they differ only in how a timestamp
-and a JSON payload come back from the driver, which the :class:`Codec` says)."""
+"""Values between Python and the two drivers, both ways, written once.
+
+A result row becomes a model by its field names and types (:func:`from_row`): the queries
+name their columns after the model's fields.  The dialects differ only in how a timestamp
+and a JSON payload travel through the driver, which the :class:`Codec` of each says.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-from schedlock.store.models import (
-    DueSchedule,
-    FireRow,
-    KeyStatus,
-    PublishRecord,
-    RowVersion,
-    ScheduleRecord,
-)
+from typing import Any, TypeVar
 
 Row = Mapping[str, Any]
+Params = Mapping[str, Any]
+M = TypeVar("M")
+
+# SQLite stores timestamps as this fixed-width UTC text, so they compare correctly as strings.
+SQLITE_TIMESTAMP = "%Y-%m-%dT%H:%M:%S.%f+00:00"
+
+
+def iso(value: datetime) -> str:
+    """A timestamp as SQLite stores it (and as both dialects read it inside JSON)."""
+    return value.astimezone(UTC).strftime(SQLITE_TIMESTAMP)
 
 
 @dataclass(frozen=True)
 class Codec:
+    """How one driver carries timestamps, JSON and enums."""
+
     timestamp: Callable[[Any], datetime]
     payload: Callable[[Any], dict[str, Any]]
+    dump_timestamp: Callable[[datetime], Any]
+    dump_json: Callable[[Any], Any]
 
-    def opt_timestamp(self, value: Any) -> datetime | None:
-        return None if value is None else self.timestamp(value)
+    def encode(self, params: Params) -> dict[str, Any]:
+        """Query parameters as this driver takes them."""
+        return {name: self._dump(value) for name, value in params.items()}
+
+    def _dump(self, value: Any) -> Any:
+        if isinstance(value, enum.Enum):
+            return value.value
+        if isinstance(value, datetime):
+            return self.dump_timestamp(value)
+        if isinstance(value, dict | list):
+            return self.dump_json(value)
+        return value
+
+    def decode(self, hint: Any, value: Any) -> Any:
+        """A column value as the model field typed ``hint`` holds it."""
+        if value is None:
+            return None
+        kind = _base(hint)
+        if kind is datetime:
+            return self.timestamp(value)
+        if kind is dict:
+            return self.payload(value)
+        if kind is tuple:
+            return tuple(value)
+        if kind in (int, float, bool, str):
+            return kind(value)
+        return value
 
 
-def _native_timestamp(value: Any) -> datetime:
-    stamp: datetime = value
-    return stamp.astimezone(UTC)
+def _base(hint: Any) -> Any:
+    """``int | None`` -> int, ``dict[str, Any]`` -> dict, ``tuple[str, ...]`` -> tuple."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    return typing.get_origin(hint) or hint
 
 
-def _text_timestamp(value: Any) -> datetime:
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def from_row(cls: type[M], row: Row, codec: Codec) -> M:
+    """The model ``cls`` from a row whose columns are named after its fields (a field the row
+    lacks keeps its default)."""
+    hints = _hints(cls)
+    values = {
+        f.name: codec.decode(hints[f.name], row[f.name])
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.name in row
+    }
+    return cls(**values)
+
+
+def fields_of(model: Any) -> dict[str, Any]:
+    """A model's fields as query parameters (shallow: a payload stays one parameter)."""
+    return {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+
+
+def text_timestamp(value: Any) -> datetime:
     return datetime.fromisoformat(str(value)).astimezone(UTC)
-
-
-POSTGRES = Codec(timestamp=_native_timestamp, payload=lambda v: dict(v or {}))
-SQLITE = Codec(timestamp=_text_timestamp, payload=lambda v: dict(json.loads(v or "{}")))
-
-
-def fire_row(r: Row, c: Codec) -> FireRow:
-    return FireRow(
-        id=int(r["id"]),
-        uid=r["uid"],
-        namespace=r["namespace"],
-        name=r["name"],
-        target=r["target"],
-        due_at=c.timestamp(r["due_at"]),
-        payload=c.payload(r["payload"]),
-        attempt=int(r["attempts"]),
-        max_attempts=int(r["max_attempts"]),
-        backoff_seconds=float(r["backoff_seconds"]),
-        starting_deadline_seconds=r["starting_deadline_seconds"],
-        db_now=c.timestamp(r["db_now"]),
-        orphan=bool(r["orphan"]),
-    )
-
-
-def publish_record(r: Row, c: Codec) -> PublishRecord:
-    return PublishRecord(
-        id=int(r["id"]),
-        scheduler=r["scheduler"],
-        namespace=r["namespace"],
-        name=r["name"],
-        uid=r["uid"],
-        generation=int(r["generation"]),
-        target=r["target"],
-        due_at=c.timestamp(r["due_at"]),
-        next_attempt_at=c.timestamp(r["next_attempt_at"]),
-        payload=c.payload(r["payload"]),
-        state=r["state"],
-        attempts=int(r["attempts"]),
-        max_attempts=int(r["max_attempts"]),
-        term=r["term"],
-        holder=r["holder"],
-        last_status=r["last_status"],
-        last_error=r["last_error"],
-        fired_at=c.opt_timestamp(r["fired_at"]),
-        finished_at=c.opt_timestamp(r["finished_at"]),
-    )
-
-
-def due_schedule(r: Row, c: Codec) -> DueSchedule:
-    return DueSchedule(
-        id=int(r["id"]),
-        uid=r["uid"],
-        namespace=r["namespace"],
-        name=r["name"],
-        target=r["target"],
-        expression=r["expression"],
-        time_zone=r["time_zone"],
-        starting_deadline_seconds=r["starting_deadline_seconds"],
-        watermark_at=c.opt_timestamp(r["watermark_at"]),
-        db_now=c.timestamp(r["db_now"]),
-    )
-
-
-def key_status(
-    r: Row,
-    c: Codec,
-    *,
-    lock_holder: str | None,
-    waiters: int,
-    standbys: Sequence[str] = (),
-    reserves: Sequence[str] = (),
-) -> KeyStatus:
-    return KeyStatus(
-        scheduler=r["scheduler"],
-        namespace=r["namespace"],
-        target=r["target"],
-        term=int(r["term"]),
-        holder=r["holder"],
-        lock_holder=lock_holder,
-        waiters=waiters,
-        since=c.opt_timestamp(r["since"]),
-        heartbeat_at=c.opt_timestamp(r["heartbeat_at"]),
-        released_at=c.opt_timestamp(r["released_at"]),
-        backlog=int(r["backlog"]),
-        next_due=c.opt_timestamp(r["next_due"]),
-        last_fire=c.opt_timestamp(r["last_fire"]),
-        standbys=tuple(standbys),
-        reserves=tuple(reserves),
-    )
-
-
-def schedule_record(r: Row, c: Codec) -> ScheduleRecord:
-    return ScheduleRecord(
-        id=int(r["id"]),
-        uid=r["uid"],
-        namespace=r["namespace"],
-        name=r["name"],
-        generation=int(r["generation"]),
-        target=r["target"],
-        expression=r["expression"],
-        time_zone=r["time_zone"],
-        state=r["state"],
-        watermark_at=c.opt_timestamp(r["watermark_at"]),
-        last_slot_at=c.opt_timestamp(r["last_slot_at"]),
-        next_slot_at=c.opt_timestamp(r["next_slot_at"]),
-    )
-
-
-def row_version(r: Row) -> RowVersion:
-    return RowVersion(
-        kind=str(r["kind"]), uid=str(r["uid"]), generation=int(r["generation"]), state=r["state"]
-    )

@@ -1,60 +1,46 @@
-"""The SQLite store for single-process development.
+"""The SQLite connector, for single-process development.
 
 One process by definition: leadership is always granted (holder ``sqlite-leader``), yet the
-loops, terms and fencing checks are the same as on PostgreSQL.  All statements run on one
-connection in a worker thread, serialised by an asyncio lock.  Timestamps are ISO 8601 UTC
-text with a fixed width, so they compare correctly as strings.
+loops, terms and fencing checks are the same as on PostgreSQL (the verbs are
+:mod:`schedlock.store.verbs`').  All statements run on one connection in a worker thread,
+one session at a time (an asyncio lock).  ``now()`` is the session's timestamp, fixed when
+the session starts, as PostgreSQL's is the transaction's.  Timestamps are ISO 8601 UTC text
+with a fixed width, so they compare correctly as strings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from schedlock.store import queries, rows
-from schedlock.store.errors import LeadershipLost, StoreError, StoreUnavailable, schema_too_new
+from schedlock.store import queries
+from schedlock.store.errors import StoreError, StoreUnavailable
 from schedlock.store.keys import LockKey
-from schedlock.store.migrations import latest_id, migrations
-from schedlock.store.models import (
-    ClaimResult,
-    Completion,
-    DueSchedule,
-    FireRow,
-    Heartbeat,
-    KeyStatus,
-    PublishRecord,
-    PublishSpec,
-    RecordedOutcome,
-    ReserveRoster,
-    RowVersion,
-    ScheduleSpec,
-    SchemaStatus,
-    TermStart,
-    UpsertResult,
-)
+from schedlock.store.migrations import split_statements
+from schedlock.store.models import ReserveRoster
+from schedlock.store.rows import Codec, Params, Row, iso, text_timestamp
+from schedlock.store.verbs import LockVerbs
 
-Q = queries.load("sqlite")
 T = TypeVar("T")
 SQLITE_HOLDER = "sqlite-leader"
+CODEC = Codec(
+    timestamp=text_timestamp,
+    payload=lambda v: dict(json.loads(v or "{}")),
+    dump_timestamp=iso,
+    dump_json=json.dumps,
+)
 
 
-def iso(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
-
-
-def parse_ts(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value).astimezone(UTC)
-
-
-def _ts(value: str) -> datetime:
-    parsed = parse_ts(value)
-    assert parsed is not None
-    return parsed
+@cache
+def _statements(name: str) -> tuple[str, ...]:
+    return tuple(split_statements(queries.load("sqlite")[name] + ";"))
 
 
 def path_of(url: str) -> str:
@@ -62,11 +48,30 @@ def path_of(url: str) -> str:
     return url.removeprefix("sqlite:///")
 
 
+def _run(
+    conn: sqlite3.Connection, statements: tuple[str, ...], params: Params
+) -> tuple[list[Row], int]:
+    """Run a named query's statements: the last row-returning one's rows, each joined by the
+    first row of the row-returning ones before it, and the last statement's row count."""
+    joined: dict[str, Any] = {}
+    found: list[Row] | None = None
+    count = 0
+    for statement in statements:
+        cur = conn.execute(statement, params)
+        if cur.description is not None:
+            if found:
+                joined.update(found[0])
+            found = [dict(r) for r in cur.fetchall()]
+        count = cur.rowcount
+    return [{**joined, **r} for r in found or []], count
+
+
 class _Database:
-    """One sqlite3 connection used from a worker thread, one statement batch at a time."""
+    """One sqlite3 connection used from a worker thread, one session at a time."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.clock = iso(datetime.now(UTC))
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
 
@@ -80,17 +85,23 @@ class _Database:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA busy_timeout=30000")
+            conn.create_function("now", 0, lambda: self.clock)
             self._conn = conn
         return self._conn
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await asyncio.to_thread(lambda: fn(self._open()))
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[SqliteSession]:
         async with self._lock:
-            try:
-                return await asyncio.to_thread(lambda: fn(self._open()))
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailable(str(exc)) from exc
-            except sqlite3.Error as exc:
-                raise StoreError(str(exc)) from exc
+            self.clock = iso(datetime.now(UTC))
+            yield SqliteSession(self)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -98,35 +109,69 @@ class _Database:
             self._conn = None
 
 
-def _transaction(conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = fn()
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-    return result
+class SqliteSession:
+    """Named queries on the one connection; a query of several statements is atomic."""
+
+    def __init__(self, db: _Database) -> None:
+        self.db = db
+
+    async def _query(self, name: str, params: Params) -> tuple[list[Row], int]:
+        statements, values = _statements(name), CODEC.encode(params)
+        if len(statements) == 1:
+            return await self.db.call(lambda c: _run(c, statements, values))
+        async with self.transaction():
+            return await self.db.call(lambda c: _run(c, statements, values))
+
+    async def fetch(self, name: str, params: Params) -> list[Row]:
+        return (await self._query(name, params))[0]
+
+    async def execute(self, name: str, params: Params) -> int:
+        return (await self._query(name, params))[1]
+
+    async def run_sql(self, statement: str) -> None:
+        await self.db.call(lambda c: c.execute(statement))
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """BEGIN IMMEDIATE (writers queue here, as migrators must); nested: the outer one."""
+        if await self.db.call(lambda c: c.in_transaction):
+            yield
+            return
+        await self.db.call(lambda c: c.execute("BEGIN IMMEDIATE"))
+        try:
+            yield
+        except BaseException:
+            await self.db.call(lambda c: c.execute("ROLLBACK"))
+            raise
+        await self.db.call(lambda c: c.execute("COMMIT"))
 
 
-class SqliteLockSession:
-    """Always the leader; the same verbs as the PostgreSQL lock session."""
+class SqliteLockSession(LockVerbs):
+    """Always the leader: no lock to wait for, no standby places, no reserves, no NOTIFY
+    (the loops rely on their timers and the safety poll)."""
 
-    def __init__(self, db: _Database, key: LockKey, holder: str) -> None:
+    codec = CODEC
+
+    def __init__(self, db: _Database, key: LockKey) -> None:
         self.db = db
         self.key = key
         self.holder = SQLITE_HOLDER
         self._connected = False
 
+    async def _fetch(self, name: str, params: Params) -> list[Row]:
+        async with self.db.session() as session:
+            return await session.fetch(name, params)
+
+    async def _execute(self, name: str, params: Params) -> int:
+        async with self.db.session() as session:
+            return await session.execute(name, params)
+
     @property
     def connected(self) -> bool:
         return self._connected
 
-    def _params(self, **extra: Any) -> dict[str, Any]:
-        return {**self.key.params(), "now": iso(datetime.now(UTC)), **extra}
-
     async def connect(self) -> None:
-        await self.db.run(lambda c: c.execute(Q["register_key"], self._params()))
+        await self._execute("register_key", self._params())
         self._connected = True
 
     async def close(self) -> None:
@@ -135,8 +180,6 @@ class SqliteLockSession:
     async def acquire(self) -> None:
         return None
 
-    # One process by definition: it is always the leader, so it always has a "standby place"
-    # and there is no roster of reserves; NOTIFY does not exist (timers and the poll).
     async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
         return None
 
@@ -155,200 +198,46 @@ class SqliteLockSession:
     async def leave_reserves(self) -> None:
         return None
 
-    async def begin_term(self) -> TermStart:
-        params = self._params(holder=self.holder)
 
-        def run(c: sqlite3.Connection) -> TermStart:
-            def body() -> TermStart:
-                prev = c.execute(Q["previous_term"], params).fetchone()
-                row = c.execute(Q["begin_term"], params).fetchone()
-                last = parse_ts(prev["released_at"] or prev["heartbeat_at"])
-                gap = None if last is None else (_ts(params["now"]) - last).total_seconds()
-                return TermStart(
-                    term=int(row["term"]),
-                    previous_holder=prev["holder"],
-                    gap_seconds=gap,
-                    previous_released=prev["released_at"] is not None,
-                )
+class _HeldLocally:
+    """One process holds every lock of its own database."""
 
-            return _transaction(c, body)
+    async def ping(self) -> None:
+        return None
 
-        return await self.db.run(run)
-
-    async def heartbeat(self, term: int) -> Heartbeat:
-        params = self._params(term=term)
-
-        def run(c: sqlite3.Connection) -> Heartbeat:
-            if c.execute(Q["heartbeat"], params).rowcount != 1:
-                raise LeadershipLost(f"term {term} of {self.key} was superseded")
-            row = c.execute(Q["backlog"], params).fetchone()
-            oldest = parse_ts(row["oldest_due"])
-            age = None if oldest is None else (_ts(params["now"]) - oldest).total_seconds()
-            return Heartbeat(alive=True, backlog=int(row["backlog"]), oldest_due_age=age)
-
-        return await self.db.run(run)
-
-    async def release(self, term: int | None) -> None:
-        if term is not None:
-            await self.db.run(lambda c: c.execute(Q["release_term"], self._params(term=term)))
-        self._connected = False
-
-    async def adopt_orphans(self, term: int) -> list[FireRow]:
-        params = self._params(term=term, holder=self.holder)
-        found = await self.db.run(lambda c: c.execute(Q["adopt_orphans"], params).fetchall())
-        return [rows.fire_row(r, rows.SQLITE) for r in found]
-
-    async def claim_due(self, term: int, limit: int) -> ClaimResult:
-        params = self._params(term=term, holder=self.holder, limit=limit)
-
-        def run(c: sqlite3.Connection) -> ClaimResult:
-            found = c.execute(Q["claim_due"], params).fetchall() if limit > 0 else []
-            next_due_in = None
-            if len(found) < limit or limit == 0:
-                nxt = parse_ts(c.execute(Q["next_due"], params).fetchone()["next_due"])
-                if nxt is not None:
-                    next_due_in = (nxt - _ts(params["now"])).total_seconds()
-            return ClaimResult(
-                rows=[rows.fire_row(r, rows.SQLITE) for r in found],
-                next_due_in=next_due_in,
-            )
-
-        return await self.db.run(run)
-
-    async def complete(self, term: int, completions: Sequence[Completion]) -> int:
-        base = self._params(term=term)
-        batch = [
-            {
-                **base,
-                "id": c.id,
-                "outcome": c.outcome,
-                "next_attempt_at": None if c.next_attempt_at is None else iso(c.next_attempt_at),
-                "status": c.status,
-                "error": c.error,
-                "sent": c.sent,
-            }
-            for c in completions
-        ]
-
-        def run(c: sqlite3.Connection) -> int:
-            return _transaction(
-                c, lambda: sum(c.execute(Q["complete_one"], p).rowcount for p in batch)
-            )
-
-        done = await self.db.run(run)
-        if done != len(completions):
-            raise LeadershipLost(f"only {done} of {len(completions)} outcomes were recorded")
-        return done
-
-    async def due_schedules(self, limit: int) -> list[DueSchedule]:
-        params = self._params(limit=limit)
-        found = await self.db.run(lambda c: c.execute(Q["due_schedules"], params).fetchall())
-        return [rows.due_schedule(r, rows.SQLITE) for r in found]
-
-    async def next_slot_in(self) -> float | None:
-        params = self._params()
-        row = await self.db.run(lambda c: c.execute(Q["next_slot"], params).fetchone())
-        if row["unplanned"]:
-            return 0.0
-        nxt = parse_ts(row["next_slot"])
-        return None if nxt is None else (nxt - _ts(params["now"])).total_seconds()
-
-    async def insert_slot(
-        self, term: int, schedule_id: int, slot_uid: str, slot_at: datetime
-    ) -> bool:
-        params = self._params(
-            term=term, schedule_id=schedule_id, slot_uid=slot_uid, slot_at=iso(slot_at)
-        )
-        count = await self.db.run(lambda c: c.execute(Q["insert_slot"], params).rowcount)
-        return int(count) == 1
-
-    async def advance_schedule(
-        self,
-        term: int,
-        schedule_id: int,
-        *,
-        watermark_at: datetime,
-        next_slot_at: datetime,
-        fired_slot_at: datetime | None,
-    ) -> None:
-        params = self._params(
-            term=term,
-            schedule_id=schedule_id,
-            watermark_at=iso(watermark_at),
-            next_slot_at=iso(next_slot_at),
-            fired_slot_at=None if fired_slot_at is None else iso(fired_slot_at),
-        )
-        count = await self.db.run(lambda c: c.execute(Q["advance_schedule"], params).rowcount)
-        if count != 1:
-            raise LeadershipLost(f"term {term} of {self.key} was superseded")
+    async def close(self) -> None:
+        return None
 
 
-class SqliteStore:
+class SqliteConnector:
     dialect = "sqlite"
     always_leader = True
+    codec = CODEC
 
-    def __init__(self, url: str, *, application_name: str = "schedlock") -> None:
+    def __init__(self, url: str) -> None:
         self.url = url
-        self.application_name = application_name
         self.db = _Database(path_of(url))
+
+    def session(self) -> contextlib.AbstractAsyncContextManager[SqliteSession]:
+        return self.db.session()
+
+    @contextlib.asynccontextmanager
+    async def migration_session(self) -> AsyncIterator[SqliteSession]:
+        """One transaction for every migration: BEGIN IMMEDIATE serialises migrators."""
+        async with self.db.session() as session, session.transaction():
+            yield session
 
     async def close(self) -> None:
         self.db.close()
 
-    def _now(self) -> str:
-        return iso(datetime.now(UTC))
-
-    async def migrate(self) -> list[int]:
-        def run(c: sqlite3.Connection) -> list[int]:
-            def body() -> list[int]:
-                c.execute(
-                    "CREATE TABLE IF NOT EXISTS schedlock_migrations ("
-                    " id integer PRIMARY KEY, name text NOT NULL, applied_at text NOT NULL)"
-                )
-                current = int(
-                    c.execute("SELECT coalesce(max(id), 0) FROM schedlock_migrations").fetchone()[0]
-                )
-                latest = latest_id("sqlite")
-                if current > latest:
-                    raise schema_too_new(current, latest)
-                applied = []
-                for migration in migrations("sqlite"):
-                    if migration.id > current:
-                        for statement in _statements(migration.sql):
-                            c.execute(statement)
-                        c.execute(
-                            "INSERT INTO schedlock_migrations (id, name, applied_at)"
-                            " VALUES (?, ?, ?)",
-                            (migration.id, migration.name, self._now()),
-                        )
-                        applied.append(migration.id)
-                return applied
-
-            return _transaction(c, body)  # BEGIN IMMEDIATE serialises concurrent migrators
-
-        return await self.db.run(run)
-
     async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
-        raise StoreError("SQLite has no roles: grants need PostgreSQL")
+        return []  # SQLite has no roles: nobody to grant to
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         return "", []  # SQLite has no roles: the file's permissions are the only guard
 
-    async def schema_status(self) -> SchemaStatus:
-        def run(c: sqlite3.Connection) -> int:
-            exists = c.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schedlock_migrations'"
-            ).fetchone()
-            if not exists:
-                return 0
-            return int(
-                c.execute("SELECT coalesce(max(id), 0) FROM schedlock_migrations").fetchone()[0]
-            )
-
-        return SchemaStatus(current=await self.db.run(run), latest=latest_id("sqlite"))
-
     def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> SqliteLockSession:
-        return SqliteLockSession(self.db, key, holder)
+        return SqliteLockSession(self.db, key)
 
     async def listen(
         self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
@@ -358,110 +247,5 @@ class SqliteStore:
             ready.set()
         await asyncio.Event().wait()
 
-    async def _upsert(self, name: str, params: dict[str, Any]) -> UpsertResult:
-        row = await self.db.run(lambda c: c.execute(Q[name], params).fetchone())
-        if row is None:
-            return UpsertResult(id=None, state=None, inserted=False)
-        return UpsertResult(id=int(row["id"]), state=row["state"], inserted=bool(row["inserted"]))
-
-    def _publish_params(self, spec: PublishSpec) -> dict[str, Any]:
-        return {
-            "namespace": spec.namespace,
-            "name": spec.name,
-            "uid": spec.uid,
-            "generation": spec.generation,
-            "target": spec.target,
-            "due_at": iso(spec.due_at),
-            "payload": json.dumps(spec.payload),
-            "max_attempts": spec.max_attempts,
-            "backoff_seconds": spec.backoff_seconds,
-            "starting_deadline_seconds": spec.starting_deadline_seconds,
-            "suspended": spec.suspended,
-            "now": self._now(),
-        }
-
-    async def upsert_publish(self, spec: PublishSpec) -> UpsertResult:
-        return await self._upsert("upsert_publish", self._publish_params(spec))
-
-    async def restore_publish(self, spec: PublishSpec, outcome: RecordedOutcome) -> UpsertResult:
-        return await self._upsert(
-            "restore_publish",
-            {
-                **self._publish_params(spec),
-                "state": outcome.state,
-                "attempts": outcome.attempts,
-                "fired_at": None if outcome.fired_at is None else iso(outcome.fired_at),
-                "last_error": outcome.last_error,
-                "term": outcome.term,
-                "holder": outcome.holder,
-            },
-        )
-
-    async def row_versions(self, uids: Sequence[str]) -> list[RowVersion]:
-        params = {"uids": json.dumps(list(uids))}
-        found = await self.db.run(lambda c: c.execute(Q["row_versions"], params).fetchall())
-        return [rows.row_version(r) for r in found]
-
-    async def upsert_schedule(self, spec: ScheduleSpec) -> UpsertResult:
-        return await self._upsert(
-            "upsert_schedule",
-            {
-                "namespace": spec.namespace,
-                "name": spec.name,
-                "uid": spec.uid,
-                "generation": spec.generation,
-                "target": spec.target,
-                "expression": spec.expression,
-                "time_zone": spec.time_zone,
-                "payload": json.dumps(spec.payload),
-                "max_attempts": spec.max_attempts,
-                "backoff_seconds": spec.backoff_seconds,
-                "starting_deadline_seconds": spec.starting_deadline_seconds,
-                "suspended": spec.suspended,
-                "now": self._now(),
-            },
-        )
-
-    async def cancel_publish(self, uid: str) -> bool:
-        params = {"uid": uid, "now": self._now()}
-        found = await self.db.run(lambda c: c.execute(Q["cancel_publish"], params).fetchall())
-        return len(found) > 0
-
-    async def cancel_schedule(self, uid: str) -> int:
-        params = {"uid": uid, "now": self._now()}
-
-        def run(c: sqlite3.Connection) -> int:
-            def body() -> int:
-                count = c.execute(Q["cancel_schedule_rows"], params).rowcount
-                c.execute(Q["cancel_schedule"], params)
-                return int(count)
-
-            return _transaction(c, body)
-
-        return await self.db.run(run)
-
-    async def key_status(self) -> list[KeyStatus]:
-        params = {"now": self._now()}
-        found = await self.db.run(lambda c: c.execute(Q["key_status"], params).fetchall())
-        return [
-            rows.key_status(
-                r,
-                rows.SQLITE,
-                lock_holder=r["holder"] if r["released_at"] is None and r["term"] else None,
-                waiters=0,
-            )
-            for r in found
-        ]
-
-    async def get_publish(self, uid: str) -> PublishRecord | None:
-        row = await self.db.run(lambda c: c.execute(Q["get_publish"], {"uid": uid}).fetchone())
-        return None if row is None else rows.publish_record(row, rows.SQLITE)
-
-    async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]:
-        raise StoreError("publishes_by_id is only used by the operator, which needs PostgreSQL")
-
-
-def _statements(sql: str) -> list[str]:
-    from schedlock.store.migrations import split_statements
-
-    return split_statements(sql)
+    async def hold_lock(self, objid: int, holder: str) -> _HeldLocally:
+        return _HeldLocally()

@@ -1,0 +1,182 @@
+-- Named queries both dialects run as written (:name parameters; now() is the transaction's
+-- timestamp on PostgreSQL and the session's on SQLite).  Loaded by schedlock.store.queries.
+-- Every statement that moves a row between states runs on the lock session of its scheduler
+-- and re-checks the term (fencing): a stale leader's write matches no row.
+
+-- name: db_now
+SELECT now() AS now;
+
+-- name: schema_version
+SELECT coalesce(max(id), 0) AS id FROM schedlock_migrations;
+
+-- name: record_migration
+INSERT INTO schedlock_migrations (id, name, applied_at) VALUES (:id, :name, now());
+
+-- name: release_term
+UPDATE schedlock_terms SET heartbeat_at = now(), released_at = now()
+WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
+  AND term = :term;
+
+-- name: adopt_orphans
+-- Rows left in 'firing' by an earlier term: fire them again (same idempotency key).
+UPDATE schedlock_publishes
+SET term = :term, holder = :holder, attempts = attempts + 1, fired_at = now(), updated_at = now()
+WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
+  AND state = 'firing' AND term < :term
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = :scheduler AND t.namespace = :namespace
+                AND t.target = :target AND t.term = :term)
+RETURNING id, uid, namespace, name, target, due_at, payload, attempts AS attempt, max_attempts,
+          backoff_seconds, starting_deadline_seconds, now() AS db_now, true AS orphan;
+
+-- name: due_schedules
+SELECT id, uid, namespace, name, target, expression, time_zone, starting_deadline_seconds,
+       watermark_at, now() AS db_now
+FROM schedlock_schedules
+WHERE namespace = :namespace AND target = :target AND state = 'active'
+  AND (next_slot_at IS NULL OR next_slot_at <= now())
+ORDER BY id
+LIMIT :limit;
+
+-- name: insert_slot
+-- Slot identity is unique per (schedule, slot time): the uid is schedule uid @ slot time.
+INSERT INTO schedlock_publishes (scheduler, namespace, name, uid, generation, schedule_id, target,
+                                 due_at, next_attempt_at, payload, max_attempts, backoff_seconds,
+                                 starting_deadline_seconds, created_at, updated_at)
+SELECT 'recurring', s.namespace, s.name, :slot_uid, s.generation, s.id, s.target,
+       :slot_at, :slot_at, s.payload, s.max_attempts, s.backoff_seconds,
+       s.starting_deadline_seconds, now(), now()
+FROM schedlock_schedules s
+WHERE s.id = :schedule_id
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = 'recurring' AND t.namespace = s.namespace
+                AND t.target = s.target AND t.term = :term)
+ON CONFLICT (uid) DO NOTHING;
+
+-- name: advance_schedule
+UPDATE schedlock_schedules AS s
+SET watermark_at = :watermark_at, next_slot_at = :next_slot_at,
+    last_slot_at = COALESCE(:fired_slot_at, s.last_slot_at), updated_at = now()
+WHERE s.id = :schedule_id
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = 'recurring' AND t.namespace = s.namespace
+                AND t.target = s.target AND t.term = :term);
+
+-- name: upsert_publish
+-- Idempotent per (uid, generation): a replay of the same generation changes nothing; a newer
+-- generation updates the spec, and re-arms a finished row only when its due time changed.
+INSERT INTO schedlock_publishes AS p (scheduler, namespace, name, uid, generation, target, due_at,
+                                      next_attempt_at, payload, max_attempts, backoff_seconds,
+                                      starting_deadline_seconds, state, created_at, updated_at)
+VALUES ('publish', :namespace, :name, :uid, :generation, :target, :due_at, :due_at, :payload,
+        :max_attempts, :backoff_seconds, :starting_deadline_seconds,
+        CASE WHEN :suspended THEN 'suspended' ELSE 'scheduled' END, now(), now())
+ON CONFLICT (uid) DO UPDATE
+SET generation = excluded.generation,
+    target = CASE WHEN p.state = 'firing' THEN p.target ELSE excluded.target END,
+    payload = excluded.payload,
+    max_attempts = excluded.max_attempts,
+    backoff_seconds = excluded.backoff_seconds,
+    starting_deadline_seconds = excluded.starting_deadline_seconds,
+    due_at = CASE WHEN p.state = 'firing' THEN p.due_at ELSE excluded.due_at END,
+    next_attempt_at = CASE
+        WHEN p.state = 'firing' THEN p.next_attempt_at
+        WHEN p.state IN ('scheduled', 'suspended') AND p.due_at = excluded.due_at THEN p.next_attempt_at
+        ELSE excluded.due_at END,
+    state = CASE
+        WHEN p.state = 'firing' THEN p.state
+        WHEN p.state IN ('published', 'failed', 'missed') AND p.due_at = excluded.due_at THEN p.state
+        WHEN :suspended THEN 'suspended'
+        ELSE 'scheduled' END,
+    attempts = CASE
+        WHEN p.state IN ('published', 'failed', 'missed', 'cancelled') AND p.due_at <> excluded.due_at THEN 0
+        ELSE p.attempts END,
+    updated_at = now()
+WHERE p.generation < excluded.generation
+RETURNING id, state, created_at = now() AS inserted;
+
+-- name: restore_publish
+-- A row lost (or reverted to scheduled) behind an object whose status records a terminal
+-- outcome: store it in that outcome, so it never fires again.  A row that moved on (firing,
+-- finished, or a newer generation) is left alone.
+INSERT INTO schedlock_publishes AS p (scheduler, namespace, name, uid, generation, target, due_at,
+                                      next_attempt_at, payload, max_attempts, backoff_seconds,
+                                      starting_deadline_seconds, state, attempts, fired_at,
+                                      finished_at, last_error, term, holder, created_at, updated_at)
+VALUES ('publish', :namespace, :name, :uid, :generation, :target, :due_at, :due_at, :payload,
+        :max_attempts, :backoff_seconds, :starting_deadline_seconds, :state, :attempts, :fired_at,
+        now(), :last_error, :term, :holder, now(), now())
+ON CONFLICT (uid) DO UPDATE
+SET generation = excluded.generation, state = excluded.state, attempts = excluded.attempts,
+    fired_at = excluded.fired_at, finished_at = now(), last_error = excluded.last_error,
+    term = excluded.term, holder = excluded.holder, updated_at = now()
+WHERE p.state IN ('scheduled', 'suspended') AND p.generation <= excluded.generation
+RETURNING id, state, created_at = now() AS inserted;
+
+-- name: cancel_publish
+UPDATE schedlock_publishes SET state = 'cancelled', finished_at = now(), updated_at = now()
+WHERE uid = :uid AND state IN ('scheduled', 'suspended')
+RETURNING id;
+
+-- name: upsert_schedule
+INSERT INTO schedlock_schedules AS s (namespace, name, uid, generation, target, expression, time_zone,
+                                      payload, max_attempts, backoff_seconds,
+                                      starting_deadline_seconds, state, created_at, updated_at)
+VALUES (:namespace, :name, :uid, :generation, :target, :expression, :time_zone, :payload,
+        :max_attempts, :backoff_seconds, :starting_deadline_seconds,
+        CASE WHEN :suspended THEN 'suspended' ELSE 'active' END, now(), now())
+ON CONFLICT (uid) DO UPDATE
+SET generation = excluded.generation, target = excluded.target, expression = excluded.expression,
+    time_zone = excluded.time_zone, payload = excluded.payload,
+    max_attempts = excluded.max_attempts, backoff_seconds = excluded.backoff_seconds,
+    starting_deadline_seconds = excluded.starting_deadline_seconds,
+    state = excluded.state,
+    next_slot_at = CASE WHEN s.expression = excluded.expression AND s.time_zone = excluded.time_zone
+                        THEN s.next_slot_at ELSE NULL END,
+    watermark_at = CASE WHEN s.state <> 'active' AND excluded.state = 'active' THEN NULL ELSE s.watermark_at END,
+    updated_at = now()
+WHERE s.generation < excluded.generation
+RETURNING id, state, created_at = now() AS inserted;
+
+-- name: get_publish
+SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
+       state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at
+FROM schedlock_publishes WHERE uid = :uid;
+
+-- name: get_schedule
+SELECT id, uid, namespace, name, generation, target, expression, time_zone, state,
+       watermark_at, last_slot_at, next_slot_at, updated_at
+FROM schedlock_schedules WHERE uid = :uid;
+
+-- name: latest_slot
+SELECT p.id, p.scheduler, p.namespace, p.name, p.uid, p.generation, p.target, p.due_at,
+       p.next_attempt_at, p.payload, p.state, p.attempts, p.max_attempts, p.term, p.holder,
+       p.last_status, p.last_error, p.fired_at, p.finished_at
+FROM schedlock_publishes p JOIN schedlock_schedules s ON s.id = p.schedule_id
+WHERE s.uid = :uid
+ORDER BY p.due_at DESC, p.id DESC
+LIMIT 1;
+
+-- name: changed_since
+-- The operator's sweep: rows changed after a watermark (database clock), oldest first.
+SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
+       state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at,
+       updated_at
+FROM schedlock_publishes
+WHERE updated_at > :since
+ORDER BY updated_at, id
+LIMIT :limit;
+
+-- name: key_status
+SELECT t.scheduler, t.namespace, t.target, t.term, t.holder, t.since, t.heartbeat_at, t.released_at,
+       (SELECT count(*) FROM schedlock_publishes p
+        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+          AND p.state IN ('scheduled', 'firing') AND p.next_attempt_at <= now()) AS backlog,
+       (SELECT min(p.next_attempt_at) FROM schedlock_publishes p
+        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+          AND p.state = 'scheduled') AS next_due,
+       (SELECT max(p.finished_at) FROM schedlock_publishes p
+        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+          AND p.state = 'published') AS last_fire
+FROM schedlock_terms t
+ORDER BY t.namespace, t.target, t.scheduler;

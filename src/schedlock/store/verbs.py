@@ -1,0 +1,343 @@
+"""The store's domain verbs, written once over a dialect's connector.
+
+A connector (:mod:`schedlock.store.postgres`, :mod:`schedlock.store.sqlite`) only opens
+sessions that run named queries (:mod:`schedlock.store.queries`) and transactions, and keeps
+what is by nature its own: PostgreSQL's advisory locks, LISTEN, roles and the pool; SQLite's
+single process.  Everything else — which query a verb runs, its parameters from the spec,
+the models it returns, the fencing checks on the answers — is here, the same for both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from schedlock.core.logs import Event
+from schedlock.store import models
+from schedlock.store.errors import LeadershipLost, StoreError, schema_too_new
+from schedlock.store.keys import LockKey
+from schedlock.store.migrations import latest_id, migrations, split_statements
+from schedlock.store.rows import Codec, Params, Row, fields_of, from_row, iso
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from schedlock.store import HeldLock, LockSession
+
+log = logging.getLogger("schedlock.store")
+M = TypeVar("M")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The sweep re-reads this far behind the database clock: a row whose statement began before
+# now() may commit after it (re-reading is harmless, syncing is idempotent).
+SWEEP_OVERLAP = timedelta(seconds=5)
+
+
+class Session(Protocol):
+    """One connection of a connector, running named queries (parameters by name)."""
+
+    async def fetch(self, name: str, params: Params) -> list[Row]: ...
+    async def execute(self, name: str, params: Params) -> int: ...
+    async def run_sql(self, statement: str) -> None: ...
+    def transaction(self) -> AbstractAsyncContextManager[None]: ...
+
+
+class Connector(Protocol):
+    """What differs between PostgreSQL and SQLite; the verbs are :class:`SqlStore`'s."""
+
+    dialect: str
+    always_leader: bool
+    url: str
+    codec: Codec
+
+    def session(self) -> AbstractAsyncContextManager[Session]: ...
+    def migration_session(self) -> AbstractAsyncContextManager[Session]: ...
+    async def close(self) -> None: ...
+    async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]: ...
+    async def missing_privileges(self, component: str) -> tuple[str, list[str]]: ...
+    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> LockSession: ...
+    async def listen(
+        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+    ) -> None: ...
+    async def hold_lock(self, objid: int, holder: str) -> HeldLock: ...
+
+
+class LockVerbs:
+    """The row verbs of a lock session: term, heartbeat, claims, outcomes, schedules.
+
+    Fencing: every transition statement also requires ``schedlock_terms.term`` to equal the
+    term this session started, and runs on the session that holds the lock.  A dialect's
+    session class adds the lock itself and says how its statements run.
+    """
+
+    key: LockKey
+    holder: str
+    codec: Codec
+
+    async def _fetch(self, name: str, params: Params) -> list[Row]:
+        raise NotImplementedError
+
+    async def _execute(self, name: str, params: Params) -> int:
+        raise NotImplementedError
+
+    async def _before_term(self) -> None:
+        """A dialect's checks before a term begins (PostgreSQL: still a writable primary)."""
+
+    def _check_backend(self, heartbeat: Row) -> None:
+        """A dialect's check of each heartbeat's answer (PostgreSQL: the same backend)."""
+
+    async def _unlock(self) -> None:
+        """Give the key's lock back (checked), on a graceful release."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    def _params(self, **extra: Any) -> dict[str, Any]:
+        return {**self.key.params(), "holder": self.holder, **extra}
+
+    async def _one(self, name: str, params: Params) -> Row:
+        found = await self._fetch(name, params)
+        if not found:
+            raise StoreError(f"query {name} returned no row")
+        return found[0]
+
+    def _superseded(self, term: int) -> LeadershipLost:
+        return LeadershipLost(f"term {term} of {self.key} was superseded")
+
+    async def begin_term(self) -> models.TermStart:
+        """Bump the key's term; how long the key was leaderless (database clock)."""
+        await self._before_term()
+        return from_row(models.TermStart, await self._one("begin_term", self._params()), self.codec)
+
+    async def heartbeat(self, term: int) -> models.Heartbeat:
+        row = await self._one("heartbeat", self._params(term=term))
+        self._check_backend(row)
+        if not row["alive"]:
+            raise self._superseded(term)
+        return from_row(models.Heartbeat, row, self.codec)
+
+    async def release(self, term: int | None) -> None:
+        """Graceful hand-over: record the release, unlock (checked), close."""
+        try:
+            if term is not None:
+                await self._execute("release_term", self._params(term=term))
+            await self._unlock()
+        finally:
+            await self.close()
+
+    async def adopt_orphans(self, term: int) -> list[models.FireRow]:
+        found = await self._fetch("adopt_orphans", self._params(term=term))
+        return [from_row(models.FireRow, r, self.codec) for r in found]
+
+    async def claim_due(self, term: int, limit: int) -> models.ClaimResult:
+        found = (
+            await self._fetch("claim_due", self._params(term=term, limit=limit))
+            if limit > 0
+            else []
+        )
+        next_due_in: float | None = None
+        if len(found) < limit or limit == 0:
+            next_due_in = (await self._one("next_due", self._params()))["next_due_in"]
+        return models.ClaimResult(
+            rows=[from_row(models.FireRow, r, self.codec) for r in found], next_due_in=next_due_in
+        )
+
+    async def complete(self, term: int, completions: Sequence[models.Completion]) -> int:
+        """Record a batch of outcomes in one statement (PostgreSQL notifies the operator)."""
+        if not completions:
+            return 0
+        batch = [
+            {**fields_of(c), "next_attempt_at": c.next_attempt_at and iso(c.next_attempt_at)}
+            for c in completions
+        ]
+        params = self._params(term=term, completions=batch, channel=models.Channel.OUTCOMES)
+        done = int((await self._one("complete", params))["completed"])
+        if done != len(completions):
+            raise LeadershipLost(
+                f"only {done} of {len(completions)} outcomes were recorded for {self.key} "
+                f"term {term}: the term moved on"
+            )
+        return done
+
+    async def due_schedules(self, limit: int) -> list[models.DueSchedule]:
+        found = await self._fetch("due_schedules", self._params(limit=limit))
+        return [from_row(models.DueSchedule, r, self.codec) for r in found]
+
+    async def next_slot_in(self) -> float | None:
+        row = await self._one("next_slot", self._params())
+        if row["unplanned"]:
+            return 0.0
+        return None if row["next_slot_in"] is None else float(row["next_slot_in"])
+
+    async def insert_slot(
+        self, term: int, schedule_id: int, slot_uid: str, slot_at: datetime
+    ) -> bool:
+        params = {
+            "term": term,
+            "schedule_id": schedule_id,
+            "slot_uid": slot_uid,
+            "slot_at": slot_at,
+        }
+        return await self._execute("insert_slot", params) == 1
+
+    async def advance_schedule(self, term: int, schedule_id: int, **slots: datetime | None) -> None:
+        """Move the schedule's ``watermark_at``, ``next_slot_at`` and (when a slot fired)
+        ``last_slot_at`` to ``fired_slot_at`` — the keywords are the query's parameters."""
+        params = {"term": term, "schedule_id": schedule_id, **slots}
+        if await self._execute("advance_schedule", params) != 1:
+            raise self._superseded(term)
+
+
+class SqlStore:
+    """The :class:`schedlock.store.Store` of either dialect: admin verbs, status reads, and
+    the factory of lock sessions, over one connector."""
+
+    def __init__(self, connector: Connector) -> None:
+        self.connector = connector
+        self.codec = connector.codec
+        self.dialect = connector.dialect
+        self.always_leader = connector.always_leader
+        self.url = connector.url
+
+    async def close(self) -> None:
+        await self.connector.close()
+
+    async def _fetch(self, name: str, params: Params | None = None) -> list[Row]:
+        async with self.connector.session() as session:
+            return await session.fetch(name, params or {})
+
+    async def _models(self, cls: type[M], name: str, params: Params | None = None) -> list[M]:
+        return [from_row(cls, r, self.codec) for r in await self._fetch(name, params)]
+
+    async def _record(self, cls: type[M], name: str, uid: str) -> M | None:
+        found = await self._models(cls, name, {"uid": uid})
+        return found[0] if found else None
+
+    async def _upsert(self, name: str, params: Params) -> models.UpsertResult:
+        found = await self._models(models.UpsertResult, name, params)
+        return found[0] if found else models.UpsertResult(id=None, state=None, inserted=False)
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply missing migrations, serialised against other migrators; refuse a schema
+        that is too new."""
+        dialect = self.dialect
+        async with self.connector.migration_session() as session:
+            await session.execute("create_migrations_table", {})
+            current = int((await session.fetch("schema_version", {}))[0]["id"])
+            latest = latest_id(dialect)
+            if current > latest:
+                raise schema_too_new(current, latest)
+            applied: list[int] = []
+            for migration in migrations(dialect):
+                if migration.id <= current:
+                    continue
+                async with session.transaction():
+                    for statement in split_statements(migration.sql):
+                        await session.run_sql(statement)
+                    await session.execute(
+                        "record_migration", {"id": migration.id, "name": migration.name}
+                    )
+                log.info(
+                    "applied migration",
+                    extra={
+                        "event": Event.MIGRATION_APPLIED,
+                        "migration": migration.id,
+                        "migration_name": migration.name,
+                    },
+                )
+                applied.append(migration.id)
+            return applied
+
+    async def schema_status(self) -> models.SchemaStatus:
+        async with self.connector.session() as session:
+            recorded = (await session.fetch("migrations_recorded", {}))[0]["recorded"]
+            found = await session.fetch("schema_version", {}) if recorded else [{"id": 0}]
+        return models.SchemaStatus(current=int(found[0]["id"]), latest=latest_id(self.dialect))
+
+    async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
+        return await self.connector.grant(sidecar_role=sidecar_role, operator_role=operator_role)
+
+    async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
+        return await self.connector.missing_privileges(component)
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> LockSession:
+        return self.connector.lock_session(key, holder, lease_seconds)
+
+    async def listen(
+        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+    ) -> None:
+        await self.connector.listen(channel, on_payload, ready)
+
+    async def hold_lock(self, objid: int, holder: str) -> HeldLock:
+        return await self.connector.hold_lock(objid, holder)
+
+    # -- rows -----------------------------------------------------------------------------------
+
+    async def upsert_publish(self, spec: models.PublishSpec) -> models.UpsertResult:
+        return await self._upsert("upsert_publish", fields_of(spec))
+
+    async def upsert_schedule(self, spec: models.ScheduleSpec) -> models.UpsertResult:
+        return await self._upsert("upsert_schedule", fields_of(spec))
+
+    async def restore_publish(
+        self, spec: models.PublishSpec, outcome: models.RecordedOutcome
+    ) -> models.UpsertResult:
+        """Store ``spec``'s row in a terminal ``outcome`` its object already records (a row
+        that was lost, or reverted to scheduled); a row that moved on is left alone."""
+        return await self._upsert("restore_publish", {**fields_of(spec), **fields_of(outcome)})
+
+    async def cancel_publish(self, uid: str) -> bool:
+        return bool(await self._fetch("cancel_publish", {"uid": uid}))
+
+    async def cancel_schedule(self, uid: str) -> int:
+        """Cancel a schedule and its slots not yet fired: how many slots were cancelled."""
+        return len(await self._fetch("cancel_schedule", {"uid": uid}))
+
+    async def key_status(self) -> list[models.KeyStatus]:
+        """Every key's term and rows, joined by who holds and waits for its lock."""
+        async with self.connector.session() as session:
+            keys = await session.fetch("key_status", {})
+            held = await session.fetch("key_sessions", {})
+        sessions = {_key_of(r): r for r in held}
+        return [
+            from_row(models.KeyStatus, {**r, **sessions.get(_key_of(r), {})}, self.codec)
+            for r in keys
+        ]
+
+    async def get_publish(self, uid: str) -> models.PublishRecord | None:
+        return await self._record(models.PublishRecord, "get_publish", uid)
+
+    async def get_schedule(self, uid: str) -> models.ScheduleRecord | None:
+        return await self._record(models.ScheduleRecord, "get_schedule", uid)
+
+    async def latest_slot(self, schedule_uid: str) -> models.PublishRecord | None:
+        return await self._record(models.PublishRecord, "latest_slot", schedule_uid)
+
+    async def publishes_by_id(self, ids: Sequence[int]) -> list[models.PublishRecord]:
+        return await self._models(models.PublishRecord, "publishes_by_id", {"ids": list(ids)})
+
+    async def row_versions(self, uids: Sequence[str]) -> list[models.RowVersion]:
+        """(kind, uid, generation, state) of the one-shot rows and schedules behind ``uids``."""
+        return await self._models(models.RowVersion, "row_versions", {"uids": list(uids)})
+
+    async def changed_since(
+        self, since: datetime | None, limit: int = 500
+    ) -> tuple[list[models.PublishRecord], datetime]:
+        """Rows changed after ``since`` and the watermark to pass next time (database clock)."""
+        async with self.connector.session() as session:
+            now = self.codec.timestamp((await session.fetch("db_now", {}))[0]["now"])
+            found = await session.fetch("changed_since", {"since": since or EPOCH, "limit": limit})
+        records = [from_row(models.PublishRecord, r, self.codec) for r in found]
+        if len(found) == limit:  # more to read: continue from the last one seen
+            return records, self.codec.timestamp(found[-1]["updated_at"])
+        return records, now - SWEEP_OVERLAP
+
+
+def _key_of(row: Row) -> tuple[str, str, str]:
+    return row["scheduler"], row["namespace"], row["target"]
