@@ -88,6 +88,12 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@bash hack/tools.sh ensure promtool
 	@VENV=$(VENV) bash hack/check-metrics.sh
 
+.PHONY: generate
+generate: venv ## regenerate what is generated from sources: CRD, RBAC rules, alerts, dashboard, values schema and table
+	@$(PY) hack/gen-manifests.py
+	@$(PY) -m monitoring.generate
+	@bash hack/gen-chart-docs.sh
+
 .PHONY: fmt
 fmt: venv ## format and autofix
 	@$(VENV)/bin/ruff format .
