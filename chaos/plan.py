@@ -153,6 +153,9 @@ def plan_faults(config: ChaosConfig) -> list[PlannedFault]:
     kinds = [k for k in INFRA_KINDS if config.with_operator or k != OPERATOR_KILL]
     faults: list[PlannedFault] = []
 
+    def scheduler_and_pick() -> tuple[str, float]:
+        return Scheduler.PUBLISH if rng.random() < 0.6 else Scheduler.RECURRING, rng.random()
+
     t = config.first_fault_seconds
     bag: list[str] = []
     while True:
@@ -163,20 +166,7 @@ def plan_faults(config: ChaosConfig) -> list[PlannedFault]:
         hold, variant, settle = _infra(kind, rng, config)
         if t + settle > end:
             break
-        faults.append(
-            _placed(
-                rng,
-                config,
-                kind,
-                t,
-                hold,
-                variant,
-                lambda: (
-                    Scheduler.PUBLISH if rng.random() < 0.6 else Scheduler.RECURRING,
-                    rng.random(),
-                ),
-            )
-        )
+        faults.append(_placed(rng, config, kind, t, hold, variant, scheduler_and_pick))
         t += settle + rng.uniform(2.0, 6.0)
 
     t = config.first_fault_seconds + rng.uniform(0.0, 8.0)
@@ -190,16 +180,7 @@ def plan_faults(config: ChaosConfig) -> list[PlannedFault]:
         delay = round(rng.uniform(0.1, 0.4), 3) if kind == APP_SLOW else 0.0
         if t + hold > end:
             break
-        faults.append(
-            _placed(
-                rng,
-                config,
-                kind,
-                t,
-                hold,
-                f"{delay:g}s" if delay else "",
-                ("", delay),
-            )
-        )
+        variant = f"{delay:g}s" if delay else ""
+        faults.append(_placed(rng, config, kind, t, hold, variant, ("", delay)))
         t += hold + rng.uniform(6.0, 18.0)
     return sorted(faults, key=lambda f: f.at)

@@ -61,6 +61,7 @@ from chaos.config import ChaosConfig  # noqa: E402
 from chaos.plan import KILL, SIGTERM  # noqa: E402
 from schedlock.core.identities import Scheduler, parse_slot_uid, slot_uid  # noqa: E402
 from testbed.pg import PostgresServer, server_dir  # noqa: E402
+from testbed.procs import output  # noqa: E402
 from testbed.sidecars import ReceiverProcess, SidecarProcess, wait_for  # noqa: E402
 
 # --------------------------------------------------------------------------------- the plan
@@ -246,17 +247,9 @@ class Demo:
 
     def cli(self, *args: str) -> str:
         env = {**os.environ, "SCHEDLOCK_DATABASE_URL": self.url}
-        result = subprocess.run(
-            [schedlock_bin(), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
+        return output(
+            [schedlock_bin(), *args], f"schedlock {args[0]}", error=DemoError, env=env, timeout=60
         )
-        if result.returncode != 0:
-            raise DemoError(f"schedlock {args[0]} failed: {result.stderr.strip()}")
-        return result.stdout.strip()
 
     def cancel_leftovers(self) -> None:
         """A demo killed hard (no clean-up) may have left its schedule active: cancel it."""

@@ -40,6 +40,7 @@ import psycopg
 from testbed import pg
 from testbed.cluster import Cluster
 from testbed.helm import CHART, Helm
+from testbed.procs import output
 from testbed.sidecars import parse_metrics, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,29 +69,16 @@ class Image:
     ref: str
     archive: Path
 
-    @property
-    def repository(self) -> str:
-        return self.ref.rpartition(":")[0]
-
-    @property
-    def tag(self) -> str:
-        return self.ref.rpartition(":")[2]
+    def chart_values(self) -> dict[str, str]:
+        """The chart's ``image`` values that install this image from the node's store."""
+        repository, _, tag = self.ref.rpartition(":")
+        return {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"}
 
 
 def _images_sh(*args: str) -> str:
-    result = subprocess.run(
-        ["bash", str(IMAGES_SH), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=3600,
+    return output(
+        ["bash", str(IMAGES_SH), *args], f"hack/images.sh {' '.join(args)}", cwd=REPO, timeout=3600
     )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"hack/images.sh {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
-        )
-    return result.stdout.strip()
 
 
 def project_image(name: str) -> Image:
@@ -399,13 +387,7 @@ def chart_values(
 ) -> dict[str, Any]:
     """The values a user sets to install from a local image, plus OVERRIDES by dotted path
     (``{"networkPolicy.enabled": True}``); everything else keeps the chart's defaults."""
-    values: dict[str, Any] = {
-        "image": {
-            "repository": images.schedlock.repository,
-            "tag": images.schedlock.tag,
-            "pullPolicy": "IfNotPresent",
-        },
-    }
+    values: dict[str, Any] = {"image": images.schedlock.chart_values()}
     for dotted, value in (overrides or {}).items():
         node = values
         *parents, leaf = dotted.split(".")

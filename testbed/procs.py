@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 PR_SET_PDEATHSIG = 1
 
@@ -51,6 +51,17 @@ def terminate(
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def output(
+    args: list[str], what: str, *, error: type[Exception] = RuntimeError, **options: Any
+) -> str:
+    """Run ``args`` (``subprocess.run`` ``options``) and return its stdout, stripped; raise
+    ``error`` naming ``what``, the exit status and the stderr when it fails."""
+    result = subprocess.run(args, capture_output=True, text=True, check=False, **options)
+    if result.returncode != 0:
+        raise error(f"{what} failed ({result.returncode}): {result.stderr.strip()}")
+    return str(result.stdout).strip()
 
 
 class StartStop:
