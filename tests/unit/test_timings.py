@@ -27,6 +27,11 @@ def test_the_defaults_are_those_the_documentation_states() -> None:
     assert DEFAULT_TIMINGS.step_down_after == 8
     assert DEFAULT_TIMINGS.keepalive_idle_seconds == 3
     assert DEFAULT_TIMINGS.handover_budget_seconds == 13
+    assert DEFAULT_TIMINGS.keepalive_settings() == {
+        "keepalive_idle": "3",
+        "keepalive_interval": "1",
+        "keepalive_count": "3",
+    }
 
 
 @pytest.mark.parametrize("lease", [MIN_LEASE_SECONDS, 2.5, 3, 4, 5, 6, 7.5, 10, 30, 120, 300])

@@ -84,6 +84,14 @@ class LeaseTimings:
     keepalive_interval_seconds = 1
     keepalive_count = 3
 
+    def keepalive_settings(self) -> dict[str, str]:
+        """The lock session's server-side TCP keepalives, as ``set_config`` takes them."""
+        return {
+            "keepalive_idle": str(self.keepalive_idle_seconds),
+            "keepalive_interval": str(self.keepalive_interval_seconds),
+            "keepalive_count": str(self.keepalive_count),
+        }
+
     @property
     def handover_budget_seconds(self) -> float:
         """The slowest designed hand-over after a frozen leader: the lease plus a heartbeat."""
