@@ -112,7 +112,7 @@ class InjectionSettings:
 
 
 @dataclass(frozen=True)
-class OperatorSettings(ServiceSettings, InjectionSettings):
+class OperatorSettings(InjectionSettings, ServiceSettings):
     database_url: str = database_setting(
         "PostgreSQL shared with the sidecars (postgresql://…; the operator needs LISTEN/NOTIFY)"
     )
