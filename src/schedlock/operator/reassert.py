@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from schedlock.core.identities import Scheduler
 from schedlock.core.logs import Event
 from schedlock.operator import mapping
 from schedlock.store import (
@@ -130,7 +131,7 @@ def plan(objects: Iterable[Mapping[str, Any]], versions: Iterable[RowVersion]) -
             if row is None or row.generation < spec.generation:
                 result.upserts.append(spec)
             continue
-        row = rows.get(("publish", spec.uid))
+        row = rows.get((Scheduler.PUBLISH, spec.uid))
         outcome = recorded_outcome(obj.get("status") or {})
         if outcome is not None:
             if row is None or (row.generation <= spec.generation and row.state in REARMABLE):

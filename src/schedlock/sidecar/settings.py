@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from schedlock.core.identities import Scheduler
 from schedlock.core.settings import (
     ServiceSettings,
     SettingError,
@@ -182,7 +183,7 @@ class SidecarSettings(ServiceSettings):
     schedulers: str = setting(
         "SCHEDLOCK_SCHEDULERS",
         "both",
-        choice("both", "publish", "recurring"),
+        choice("both", *Scheduler),
         help="which scheduler loops to run: publish, recurring or both",
     )
 
@@ -213,7 +214,7 @@ class SidecarSettings(ServiceSettings):
 
     @property
     def scheduler_names(self) -> tuple[str, ...]:
-        return ("publish", "recurring") if self.schedulers == "both" else (self.schedulers,)
+        return tuple(Scheduler) if self.schedulers == "both" else (Scheduler(self.schedulers),)
 
     @property
     def target_check_timeout(self) -> float:
