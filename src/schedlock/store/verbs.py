@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from schedlock.core.logs import Event
 from schedlock.store import models
+from schedlock.store.contract import HeldLock, LockSession, Sessions
 from schedlock.store.errors import LeadershipLost, StoreError, schema_too_new
 from schedlock.store.keys import LockKey
 from schedlock.store.migrations import latest_id, migrations, split_statements
@@ -24,8 +25,6 @@ from schedlock.store.rows import Codec, Params, Row, fields_of, from_row, iso
 
 if TYPE_CHECKING:
     import asyncio
-
-    from schedlock.store import HeldLock, LockSession
 
 log = logging.getLogger("schedlock.store")
 M = TypeVar("M")
@@ -44,24 +43,13 @@ class Session(Protocol):
     def transaction(self) -> AbstractAsyncContextManager[None]: ...
 
 
-class Connector(Protocol):
+class Connector(Sessions, Protocol):
     """What differs between PostgreSQL and SQLite; the verbs are :class:`SqlStore`'s."""
 
-    dialect: str
-    always_leader: bool
-    url: str
     codec: Codec
 
     def session(self) -> AbstractAsyncContextManager[Session]: ...
     def migration_session(self) -> AbstractAsyncContextManager[Session]: ...
-    async def close(self) -> None: ...
-    async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]: ...
-    async def missing_privileges(self, component: str) -> tuple[str, list[str]]: ...
-    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> LockSession: ...
-    async def listen(
-        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
-    ) -> None: ...
-    async def hold_lock(self, objid: int, holder: str) -> HeldLock: ...
 
 
 class LockVerbs:
