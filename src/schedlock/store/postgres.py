@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from schedlock.core.logs import Event
+from schedlock.core.timings import LeaseTimings
 from schedlock.store import queries
 from schedlock.store.errors import (
     ConnectionsExhausted,
@@ -235,8 +236,7 @@ class PostgresLockSession(LockVerbs):
                 "configure_lock_session",
                 {
                     "lease_ms": str(int(self.lease_seconds * 1000)),
-                    "keepalive_idle": str(max(1, int(self.lease_seconds / 3))),
-                    "keepalive_interval": "1",
+                    **LeaseTimings(self.lease_seconds).keepalive_settings(),
                 },
             )
             if row["server_version"] < 140000:

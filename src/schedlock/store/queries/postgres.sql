@@ -88,7 +88,7 @@ SELECT pg_backend_pid() AS pid;
 SELECT set_config('idle_session_timeout', %(lease_ms)s, false),
        set_config('tcp_keepalives_idle', %(keepalive_idle)s, false),
        set_config('tcp_keepalives_interval', %(keepalive_interval)s, false),
-       set_config('tcp_keepalives_count', '3', false),
+       set_config('tcp_keepalives_count', %(keepalive_count)s, false),
        current_setting('server_version_num')::int AS server_version,
        -- A role that may use the slots superuser_reserved_connections / reserved_connections
        -- keep (PostgreSQL 16+) must not take them: they are the operators' way in when the
