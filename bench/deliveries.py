@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
+
+from schedlock.core.identities import parse_rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +20,7 @@ class Delivery:
 def _epoch(text: object) -> float | None:
     if not isinstance(text, str) or not text:
         return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return parse_rfc3339(text).timestamp()
 
 
 class DeliveryLog:

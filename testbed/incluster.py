@@ -20,7 +20,6 @@ for the tests and the bench.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import itertools
 import json
 import secrets
@@ -37,6 +36,7 @@ from typing import Any
 
 import psycopg
 
+from schedlock.core.identities import parse_rfc3339
 from testbed import pg
 from testbed.cluster import Cluster
 from testbed.helm import CHART, Helm
@@ -209,7 +209,7 @@ class Delivery:
 
 
 def _epoch(value: object) -> float:
-    return dt.datetime.fromisoformat(str(value)).timestamp()
+    return parse_rfc3339(str(value)).timestamp()
 
 
 def parse_delivery(record: Mapping[str, Any]) -> Delivery:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
+from schedlock.core.identities import rfc3339
 from schedlock.operator.crd import crd_manifest
 from schedlock.operator.rbac import cluster_role, cluster_role_binding
 from testbed.certs import ServingCert, serving_cert
@@ -207,7 +208,7 @@ def with_webhook(workdir: Path) -> ServingCert:
 
 def at(seconds: float) -> str:
     """An RFC 3339 time `seconds` from now, as `spec.publishAt` takes it."""
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339(datetime.now(UTC) + timedelta(seconds=seconds), "microseconds")
 
 
 @dataclass

@@ -23,6 +23,8 @@ from typing import Any
 import psycopg
 import urllib3
 
+from schedlock.core.identities import rfc3339
+
 DUE_ROWS = """
 SELECT id, uid, namespace, name, target, due_at, payload, attempts
 FROM schedlock_publishes
@@ -66,7 +68,7 @@ class Firer:
 
     def fire(self, conn: psycopg.Connection[Any], row: tuple[Any, ...]) -> None:
         row_id, uid, namespace, name, target, due_at, payload, attempts = row
-        scheduled = due_at.isoformat().replace("+00:00", "Z")
+        scheduled = rfc3339(due_at)
         body = {
             "id": row_id,
             "uid": uid,

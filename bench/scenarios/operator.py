@@ -27,6 +27,7 @@ from bench import kube_client
 from bench.context import Context
 from bench.stats import summarize
 from bench.systems import cpu_seconds
+from schedlock.core.identities import rfc3339
 from testbed.kube import KubeAPIServer
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
 from testbed.rows import fetch
@@ -140,7 +141,7 @@ def run(ctx: Context) -> None:
         created: dict[str, float] = {}
 
         def create(number: int) -> None:
-            at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            at = rfc3339(datetime.now(UTC), "microseconds")
             body = {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "ScheduledPublish",

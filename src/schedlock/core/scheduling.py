@@ -86,6 +86,8 @@ from enum import StrEnum
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from schedlock.core.identities import rfc3339
+
 __all__ = [
     "CRON_HORIZON_YEARS",
     "MAX_EVERY_SECONDS",
@@ -417,7 +419,7 @@ class Schedule:
             return slot
         raise ScheduleError(  # unreachable for parsed schedules short of year 9999
             f"schedule {self.expression!r} has no fire time within "
-            f"{CRON_HORIZON_YEARS} years after {moment.isoformat()}"
+            f"{CRON_HORIZON_YEARS} years after {rfc3339(_utc(moment))}"
         )
 
     def latest_at_or_before(self, moment: datetime) -> datetime | None:
