@@ -18,7 +18,14 @@ from schedlock.operator import mapping
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.injection import InjectionConfig, inject_pod, refusal
 from schedlock.operator.reassert import snapshot
-from schedlock.store import PublishSpec, Store, StoreError, StoreUnavailable
+from schedlock.store import (
+    RECORDED_OUTCOMES,
+    PublishSpec,
+    RowState,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
 
 RETRIES = 20
 FINALIZER = "schedlock.dev/finalizer"
@@ -112,12 +119,16 @@ def build_registry(
             raise kopf.TemporaryError(f"database unavailable: {exc}", delay=5) from exc
         except StoreError as exc:
             raise kopf.TemporaryError(f"database error: {exc}", delay=15) from exc
-        if result.id is not None and result.state in ("published", "failed", "missed"):
+        if result.id is not None and result.state in RECORDED_OUTCOMES:
             # A new generation of a row that keeps its outcome (same due time): the status
             # still tells the truth, now about this generation (the re-assertion relies on it).
             patch.status["observedGeneration"] = spec.generation
             return
-        if result.id is None or result.state not in ("scheduled", "suspended", "active"):
+        if result.id is None or result.state not in (
+            RowState.SCHEDULED,
+            RowState.SUSPENDED,
+            "active",
+        ):
             return  # a replay, or a row that already fired and keeps its outcome
         new = mapping.scheduled_status(spec, status, datetime.now(UTC))
         for key, value in new.items():

@@ -36,9 +36,11 @@ from schedlock.core.identities import Scheduler
 from schedlock.core.logs import Event
 from schedlock.operator import mapping
 from schedlock.store import (
+    RECORDED_OUTCOMES,
     PublishSpec,
     ReadOnlyServer,
     RecordedOutcome,
+    RowState,
     RowVersion,
     ScheduleSpec,
     Store,
@@ -48,8 +50,8 @@ from schedlock.store import (
 log = logging.getLogger("schedlock.operator.reassert")
 
 # status.phase -> the row state it records (only outcomes that must never fire again)
-TERMINAL_PHASES = {"Published": "published", "Failed": "failed", "Missed": "missed"}
-REARMABLE = frozenset({"scheduled", "suspended"})  # row states a recorded outcome overrides
+TERMINAL_PHASES = {state.title(): state for state in RECORDED_OUTCOMES}
+REARMABLE = frozenset({RowState.SCHEDULED, RowState.SUSPENDED})  # what a recorded outcome overrides
 
 
 def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -112,7 +112,7 @@ async def ensure_schema(store: Store, *, migrate: bool, component: str | None = 
     status = await store.schema_status()
     if status.current > status.latest:
         raise schema_too_new(status.current, status.latest)
-    if not status.is_current:
+    if status.current < status.latest:
         raise SchemaNotCurrent(
             f"schema at migration {status.current}, {status.latest} needed: "
             "run `schedlock migrate` with the owner role"

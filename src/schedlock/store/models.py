@@ -201,12 +201,12 @@ class ReserveRoster:
 
 @dataclass(frozen=True)
 class SchemaStatus:
-    current: int
-    latest: int
+    """Where the database's schema is against what this binary knows."""
 
-    @property
-    def is_current(self) -> bool:
-        return self.current == self.latest
+    current: int
+    """The last migration applied to the database (0: none)."""
+    latest: int
+    """The last migration this binary ships."""
 
 
 @dataclass(frozen=True)
