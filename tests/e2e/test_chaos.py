@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 
-from chaos.checker import MUST_BE_ZERO, VERDICT_KEYS, Entry, Fault, RunData, check
+from chaos.checker import (
+    MUST_BE_ZERO,
+    VERDICT_KEYS,
+    Entry,
+    Fault,
+    RunData,
+    check,
+    sidecar_events,
+)
 from chaos.config import ChaosConfig
 from chaos.plan import ALL_KINDS, plan_faults
 from schedlock.core.identities import slot_uid
@@ -249,3 +257,25 @@ def test_checker_a_slot_that_made_a_row_is_never_skipped_by_an_outage() -> None:
     entries = [entry(slot("s", s), s + 0.01, 1, "a-0") for s in range(61) if s != 30]
     data = restart_run(entries, 31.7, db={slot("s", 30): {"state": "firing"}})
     assert check(data)[0]["recurring_slots_missed"] == 1
+
+
+def test_checker_reads_leadership_changes_from_the_event_field(tmp_path: Path) -> None:
+    def line(event: str, level: str, ts: str, **fields: object) -> str:
+        return json.dumps({"ts": ts, "level": level, "msg": "whatever", "event": event, **fields})
+
+    key = f"publish/{NS}/alpha"
+    (tmp_path / "a-0.log").write_text(
+        "\n".join(
+            [
+                "not json",
+                line("leadership_acquired", "info", "1970-01-12T13:46:40.000Z", key=key, term=1),
+                line("lock_session_lost", "warning", "1970-01-12T13:46:50.500Z", key=key),
+                line("lock_session_lost", "info", "1970-01-12T13:46:51.000Z", key=key),  # waiting
+                # the message text is no signal: only the event is
+                json.dumps({"ts": "1970-01-12T13:46:52Z", "msg": "acquired leadership"}),
+            ]
+        )
+    )
+    stepdowns, acquisitions = sidecar_events(tmp_path)
+    assert acquisitions == [{"holder": "a-0", "ts": T0, "key": key, "term": 1}]
+    assert stepdowns == [{"holder": "a-0", "ts": T0 + 10.5, "key": key, "error": None}]
