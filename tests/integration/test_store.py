@@ -428,3 +428,42 @@ def test_a_pooled_store_reports_the_servers_own_refusal(migrated_database: str) 
     store = open_store(as_role(migrated_database, "nobody_here"), pool_size=2)
     with pytest.raises(StoreUnavailable, match='role "nobody_here" does not exist'):
         asyncio.run(store.upsert_publish(spec()))
+
+
+def test_a_pooled_store_refuses_a_read_only_server_and_recovers_after_it(
+    migrated_database: str, postgres: PostgresService
+) -> None:
+    """Pooled sessions get the check every new session gets (never write on a read-only
+    server), and one found on a read-only server is dropped, not handed out again."""
+    from psycopg import sql
+
+    from schedlock.store import ReadOnlyServer
+
+    def set_read_only(value: str) -> None:
+        with psycopg.connect(migrated_database, autocommit=True) as conn:
+            conn.execute("SET default_transaction_read_only = off")
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = {}").format(
+                    sql.Identifier(conn.info.dbname), sql.SQL(value)
+                )
+            )
+        for pid in postgres.backends(migrated_database, "pool-ro"):
+            postgres.terminate_backend(pid)  # as a fail-over ends every session
+
+    store = open_store(migrated_database, application_name="pool-ro", pool_size=2)
+
+    async def run() -> None:
+        try:
+            await store.upsert_publish(spec(uid="before"))
+            set_read_only("on")
+            with pytest.raises(ReadOnlyServer, match="default_transaction_read_only is on"):
+                await asyncio.wait_for(store.upsert_publish(spec(uid="during")), 60)
+            set_read_only("off")
+            await asyncio.wait_for(store.upsert_publish(spec(uid="after")), 60)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+    with psycopg.connect(migrated_database) as conn:
+        uids = conn.execute("SELECT uid FROM schedlock_publishes ORDER BY uid").fetchall()
+    assert uids == [("after",), ("before",)]

@@ -193,6 +193,18 @@ async def require_writable(conn: Conn) -> None:
         raise ReadOnlyServer(reason)
 
 
+async def _check_pooled(conn: Conn) -> None:
+    """The pool's check at every checkout: alive, and still on a writable primary.  One that
+    is not is closed, so the pool opens a new one wherever the URL leads now (after a
+    fail-over, the primary) instead of handing the same one out again."""
+    try:
+        await require_writable(conn)
+    except ReadOnlyServer:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.close(), 2)
+        raise
+
+
 class PostgresLockSession(LockVerbs):
     """One dedicated connection: the advisory lock, its lease, heartbeat and row transitions
     (the row verbs are :class:`LockVerbs`', run on this connection).
@@ -573,7 +585,7 @@ class PostgresConnector:
                 kwargs=connect_kwargs(self.application_name),
                 min_size=0,
                 max_size=self.pool_size,
-                check=require_writable,
+                check=_check_pooled,
                 open=False,
                 name=self.application_name,
             )
