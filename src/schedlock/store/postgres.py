@@ -144,12 +144,7 @@ async def connect(url: str, *, application_name: str, connect_timeout: float = 5
         )
     except psycopg.Error as exc:
         raise StoreUnavailable(_describe(exc)) from exc
-    try:
-        await require_writable(conn)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(conn.close(), 2)
-        raise
+    await _writable_or_closed(conn)
     return conn
 
 
@@ -193,13 +188,13 @@ async def require_writable(conn: Conn) -> None:
         raise ReadOnlyServer(reason)
 
 
-async def _check_pooled(conn: Conn) -> None:
-    """The pool's check at every checkout: alive, and still on a writable primary.  One that
-    is not is closed, so the pool opens a new one wherever the URL leads now (after a
-    fail-over, the primary) instead of handing the same one out again."""
+async def _writable_or_closed(conn: Conn) -> None:
+    """:func:`require_writable`, closing a session that fails it: a new one is never used,
+    and a pooled one (the pool's check at every checkout) is never handed out again — the
+    pool opens another wherever the URL leads now (after a fail-over, the primary)."""
     try:
         await require_writable(conn)
-    except ReadOnlyServer:
+    except BaseException:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), 2)
         raise
@@ -585,7 +580,7 @@ class PostgresConnector:
                 kwargs=connect_kwargs(self.application_name),
                 min_size=0,
                 max_size=self.pool_size,
-                check=_check_pooled,
+                check=_writable_or_closed,
                 open=False,
                 name=self.application_name,
             )
