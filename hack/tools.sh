@@ -27,6 +27,9 @@
 #                            tests need to discover the sidecars as a PodMonitor describes them
 #   pgbouncer                Debian's `pgbouncer` package
 #   checkov                  PyPI, in a virtualenv of its own (its pins clash with the dev tools)
+#   river-bench              the benchmark's River worker (bench/peers/river: its go.mod/go.sum pin
+#                            github.com/riverqueue/river and its pgx driver), cached by the
+#                            content of that directory
 #
 # KUBEBUILDER_ASSETS (the envtest convention) wins for kube-apiserver/etcd/kubectl when set.
 # The cache is keyed by version, so bumping a pin below builds the new version once per machine.
@@ -70,8 +73,16 @@ bindir() {
     cni) echo "/usr/lib/cni" ;;
     prometheus|promtool|pgbouncer) echo "/usr/bin" ;;
     checkov) echo "$CACHE/checkov-$CHECKOV_VERSION/bin" ;;
+    river-bench) echo "$CACHE/river-bench-$(river_bench_digest)-$RECIPE/bin" ;;
     *) echo "unknown tool: $1" >&2; return 2 ;;
   esac
+}
+
+RIVER_BENCH_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/bench/peers/river"
+
+# river_bench_digest: the content of the River worker's module (its pins and its source).
+river_bench_digest() {
+  cat "$RIVER_BENCH_SRC/go.mod" "$RIVER_BENCH_SRC/go.sum" "$RIVER_BENCH_SRC"/*.go | sha256sum | cut -c1-12
 }
 
 need_go() {
@@ -234,6 +245,19 @@ build_helm_schema() {
     github.com/losisin/helm-values-schema-json/v2 "-X main.Version=$HELM_SCHEMA_VERSION"
 }
 
+# The repository's own module, built with its committed go.sum (-mod=readonly: the pins hold).
+build_river_bench() {
+  have river-bench river-bench && return 0
+  need_go river-bench
+  local dir; dir="$(bindir river-bench)"
+  log "river-bench: go build bench/peers/river (first time downloads River and pgx)"
+  mkdir -p "$dir.tmp"
+  (cd "$RIVER_BENCH_SRC" && GOFLAGS=-mod=readonly CGO_ENABLED=0 \
+    go build -trimpath -ldflags="-s -w" -o "$dir.tmp/river-bench" .)
+  rm -rf "$dir"
+  mv "$dir.tmp" "$dir"
+}
+
 install_checkov() {
   local dir; dir="$(bindir checkov)"
   [[ -x "$dir/checkov" ]] && return 0
@@ -263,7 +287,7 @@ install_debian() {
 
 ensure() {
   local tools=("$@")
-  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm helm-docs helm-schema prometheus pgbouncer checkov node images)
+  [[ ${#tools[@]} -eq 0 ]] && tools=(kube-apiserver etcd kubectl helm helm-docs helm-schema prometheus pgbouncer checkov river-bench node images)
   for t in "${tools[@]}"; do
     case "$t" in
       kube-apiserver|kubectl)
@@ -280,6 +304,7 @@ ensure() {
       prometheus|promtool) install_debian prometheus ;;
       pgbouncer) install_debian pgbouncer ;;
       checkov) install_checkov ;;
+      river-bench) build_river_bench ;;
       kubelet|kube-controller-manager|kube-scheduler|kube-proxy) build_kubernetes_node ;;
       coredns) build_coredns ;;
       crictl) build_crictl ;;
