@@ -1,7 +1,8 @@
 """How big each run is: ``full`` (``make bench``), ``quick`` (``make bench-quick``) and ``smoke``.
 
 Full and quick use every product default (schedlock's 10 s lease, client-go's 15/10/2 s Lease
-timings, the seed's 10 s tick); they differ only in trials and sizes.  Smoke exists so the
+timings, the seed's 10 s tick, River's and procrastinate's own); they differ only in trials and
+sizes.  Smoke exists so the
 harness cannot rot (``tests/e2e/test_bench_smoke.py``): one short trial per scenario with
 shortened timings — its numbers mean nothing.
 """
@@ -11,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SYSTEMS = ("schedlock", "seed_tick", "k8s_lease")
+# The maintained systems a user would pick instead (bench/peers/), run with their own defaults
+# whatever the profile: the smoke cannot shorten their timings, only their trials.
+PEERS = ("river", "procrastinate")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ class Profile:
     sigterm_trials: int = 1
     baseline_gap_cap_s: float = 40.0  # longest wait for a baseline's first delivery after a kill
     seed_sigstop_cap_s: float = 30.0  # a frozen seed replica keeps its lock: bounded wait
+    # procrastinate has no leader: the other workers go on at once; the wait only bounds a
+    # trial whose survivors do not (its stuck rows are counted, not waited for)
+    peer_no_leader_cap_s: float = 10.0
     lateness_rows: int = 5000
     lateness_span_s: float = 60.0
     lateness_drain_s: float = 15.0  # after the last due time, how long arrivals are awaited
@@ -70,15 +77,27 @@ class Profile:
 
 FULL = Profile(
     name="full",
-    sigkill_trials={"schedlock": 50, "seed_tick": 10, "k8s_lease": 8},
-    sigstop_trials={"schedlock": 12, "seed_tick": 4, "k8s_lease": 6},
+    sigkill_trials={
+        "schedlock": 50,
+        "seed_tick": 10,
+        "k8s_lease": 8,
+        "river": 8,
+        "procrastinate": 10,
+    },
+    sigstop_trials={
+        "schedlock": 12,
+        "seed_tick": 4,
+        "k8s_lease": 6,
+        "river": 4,
+        "procrastinate": 4,
+    },
     sigterm_trials=30,
 )
 
 QUICK = Profile(
     name="quick",
-    sigkill_trials={"schedlock": 8, "seed_tick": 2, "k8s_lease": 1},
-    sigstop_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1},
+    sigkill_trials={"schedlock": 8, "seed_tick": 2, "k8s_lease": 1, "river": 2, "procrastinate": 3},
+    sigstop_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1, "river": 1, "procrastinate": 1},
     sigterm_trials=8,
     seed_sigstop_cap_s=15.0,
     lateness_rows=1000,
@@ -109,10 +128,11 @@ SMOKE = Profile(
         schedlock_reserve_check_s=1.0,
     ),
     replicas=2,
-    sigkill_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1},
-    sigstop_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1},
+    sigkill_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1, "river": 1, "procrastinate": 1},
+    sigstop_trials={"schedlock": 1, "seed_tick": 1, "k8s_lease": 1, "river": 1, "procrastinate": 1},
     sigterm_trials=1,
     baseline_gap_cap_s=12.0,
+    peer_no_leader_cap_s=3.0,
     seed_sigstop_cap_s=3.0,
     lateness_rows=60,
     lateness_span_s=1.5,

@@ -23,7 +23,8 @@ KEYS = (
     "scale",
     "cluster",
 )
-SYSTEMS = ("schedlock", "seed_tick", "k8s_lease")
+SYSTEMS = ("schedlock", "seed_tick", "k8s_lease", "river", "procrastinate")
+PEERS = SYSTEMS[3:]  # the maintained systems run beside schedlock (bench/peers/)
 DOCS = REPO / "docs" / "performance.md"
 BEGIN = "<!-- bench:results:begin (written by `make bench`; do not edit by hand) -->"
 END = "<!-- bench:results:end -->"
@@ -152,10 +153,21 @@ def targets(doc: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return out
 
 
+def _failover_cell(entry: dict[str, Any] | None, system: str, what: str) -> str:
+    """A failover distribution; for a peer also the rows its victims left stuck."""
+    if system not in PEERS or not entry or entry.get("n") in (None, 0):
+        return _dist(entry)
+    stuck, n = entry.get("stuck_rows_total", 0), entry["n"]
+    rows = f"{stuck} row{'' if stuck == 1 else 's'} stuck after {n} {what}{'' if n == 1 else 's'}"
+    if system == "procrastinate":  # no hand-over: the others go on; what the victim held stays
+        return f"no leader: n/a — {rows} (others' gap {_dist(entry)})"
+    return f"{_dist(entry)}; {rows}"
+
+
 def _idle_cell(entry: dict[str, Any] | None, system: str) -> str:
     if not entry:
         return "–"
-    if system == "seed_tick":
+    if system in ("seed_tick", "procrastinate"):
         return f"{_num(entry['p50'])} each (max {_num(entry['max'])})"
     text = (
         f"leader {_num(entry.get('leader_queries_per_s_per_key'))}/key, "
@@ -176,8 +188,11 @@ def table(doc: dict[str, Any]) -> str:
     def per_system(label: str, key: str, unit: str = "", *path: str) -> None:
         rows.append([label, *(_dist(_get(doc, key, s, *path), unit) for s in SYSTEMS)])
 
-    per_system("failover SIGKILL, ms", "failover_sigkill_ms")
-    per_system("failover SIGSTOP, ms", "failover_sigstop_ms")
+    for label, key, what in (
+        ("failover SIGKILL, ms", "failover_sigkill_ms", "kill"),
+        ("failover SIGSTOP, ms", "failover_sigstop_ms", "freeze"),
+    ):
+        rows.append([label, *(_failover_cell(_get(doc, key, s), s, what) for s in SYSTEMS)])
     per_system("hand-over SIGTERM, ms", "handover_sigterm_ms")
     per_system("lateness, ms", "lateness_ms")
     per_system("throughput, fires/s", "throughput_fires_per_s")
@@ -189,8 +204,10 @@ def table(doc: dict[str, Any]) -> str:
     )
     op = doc.get("operator") or {}
     objects = f" ({op['objects']} objects)" if op.get("objects") else ""
+    others = len(SYSTEMS) - 1
     for key in ("cr_to_row_ms", "cr_to_published_ms"):
-        rows.append([f"operator {key}{objects}", _dist(op.get(key)), "n/a", "n/a"])
+        rows.append([f"operator {key}{objects}", _dist(op.get(key)), *["n/a"] * others])
+    per_system("sessions held per replica", "footprint", "", "sessions")
     per_system("RSS per replica, MB", "footprint", "", "rss_mb")
     per_system("idle CPU, % of a core", "footprint", "", "idle_cpu_percent")
     sc = doc.get("scale")
@@ -202,7 +219,7 @@ def table(doc: dict[str, Any]) -> str:
         )
     else:
         cell = "–"
-    rows.append(["scale", cell, "n/a", "n/a"])
+    rows.append(["scale", cell, *["n/a"] * others])
     cl = doc.get("cluster") or {}
     for label, key in (
         ("in a cluster: leader pod force-deleted, gap ms", "pod_delete_force_gap_ms"),
@@ -216,10 +233,12 @@ def table(doc: dict[str, Any]) -> str:
                 f"; lost {entry['lost']}, failed {entry['failed']}, "
                 f"latest row {_num(entry['late_max_ms'], ' ms')}"
             )
-        rows.append([label, cell, "n/a (no pods)", "n/a (no pods)"])
+        rows.append([label, cell, *["n/a (no pods)"] * others])
     for index, row in enumerate(rows):
         if index > 0 and row[0] == "hand-over SIGTERM, ms":
             row[2] = row[3] = "n/a (no hand-over)"
+            row[4] = "not run (River resigns on SIGTERM; see docs/performance.md)"
+            row[5] = "n/a (no leader)"
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
     lines += ["", "| schedlock target | measured | met |", "|---|---|---|"]
@@ -327,7 +346,13 @@ def _plots(
         print("matplotlib is not installed: no plots")
         return []
     written: list[Path] = []
-    colors = {"schedlock": "tab:green", "seed_tick": "tab:orange", "k8s_lease": "tab:blue"}
+    colors = {
+        "schedlock": "tab:green",
+        "seed_tick": "tab:orange",
+        "k8s_lease": "tab:blue",
+        "river": "tab:red",
+        "procrastinate": "tab:purple",
+    }
     panels = [
         k
         for k in ("failover_sigkill_ms", "failover_sigstop_ms", "handover_sigterm_ms")

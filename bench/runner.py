@@ -3,10 +3,11 @@
 Order and grouping (what may share the machine with what):
 
 1. failover — schedlock's SIGKILL and SIGTERM trials alone (milliseconds are at stake); then
-   schedlock's SIGSTOP trials and both baselines' trials side by side (all seconds long);
-2. lateness — schedlock alone, then the two baselines side by side;
-3. throughput — schedlock alone, then the two baselines side by side;
-4. idle queries and footprint — all three systems idling side by side, one window;
+   schedlock's SIGSTOP trials, both baselines' and both peers' trials side by side (all
+   seconds long);
+2. lateness — schedlock alone, then the two baselines and the two peers side by side;
+3. throughput — schedlock alone, then the two baselines side by side, then each peer alone;
+4. idle queries and footprint — all five systems idling side by side, one window;
 5. operator — the burst of ScheduledPublish objects;
 6. scale — 5, 20 and 50 replicas of one target at max_connections 100, bounded vs baseline;
 7. cluster — the product in a real one-node cluster: leader pods deleted, a rolling update.
@@ -31,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import report
+from bench import peers, report
 from bench.context import Context
 from bench.env import BenchEnv
 from bench.profiles import PROFILES, Profile
@@ -87,6 +88,7 @@ def machine(env: BenchEnv, profile: Profile) -> dict[str, Any]:
         "kube_apiserver": kube_version,
         "kubernetes_client": kubernetes.__version__,
         "psycopg": psycopg.__version__,
+        "peers": peers.versions(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "profile": profile.name,
         "timings": {k: v for k, v in vars(profile.timings).items() if not k.startswith("_")},

@@ -1,14 +1,16 @@
-"""The three systems under test, each as an *instance*: a database, a receiver, N replicas.
+"""The five systems under test, each as an *instance*: a database, a receiver, N replicas.
 
 An instance knows how to start its replicas, tell which one leads right now (from the lock
-itself: ``pg_locks`` for schedlock and the seed, the Lease object for ``k8s_lease``), and
-replace a replica that a scenario killed, as a Deployment would.
+itself: ``pg_locks`` for schedlock and the seed, the Lease object for ``k8s_lease``,
+``river_leader`` for River; procrastinate has no leader), and replace a replica that a
+scenario killed, as a Deployment would.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -20,15 +22,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import psycopg
+
 from bench import kube_client
 from bench.deliveries import DeliveryLog
 from bench.env import BenchEnv
+from bench.peers import jobs
 from bench.profiles import Profile
 from schedlock.core.identities import parse_rfc3339
 from schedlock.core.logs import Event, records
 from schedlock.store.keys import LockKey
 from testbed.procs import NamedProcess, die_with_parent, terminate
 from testbed.sidecars import REPO, Deadline, ReceiverProcess, SidecarProcess
+from testbed.tools import tool
 
 T = TypeVar("T")
 NAMESPACE = "default"
@@ -139,13 +145,22 @@ def acquired_at(log_path: Path, key: str, after: float) -> float | None:
 
 
 class Worker(NamedProcess):
-    """A baseline replica: ``python -m bench.baselines.<module>`` with a status file."""
+    """A replica with a status file: ``python -m bench.baselines.<module>`` (a baseline), or
+    ``program`` (a peer's worker, bench/peers/)."""
 
-    def __init__(self, name: str, module: str, args: list[str], workdir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        args: list[str],
+        workdir: Path,
+        program: list[str] | None = None,
+    ) -> None:
         self.name = name
         self.module = module
         self.args = args
         self.workdir = workdir
+        self.program = program or [sys.executable, "-m", f"bench.baselines.{module}"]
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -157,9 +172,7 @@ class Worker(NamedProcess):
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    f"bench.baselines.{self.module}",
+                    *self.program,
                     "--name",
                     self.name,
                     "--status-file",
@@ -199,6 +212,12 @@ class Instance:
 
     system = ""
     short = ""
+    # False where no replica leads between fires (the seed's tick) or ever (procrastinate).
+    standing_leader = True
+    # A peer (bench/peers/) fires from every replica the jobs already made available: after a
+    # kill, its stream is back with the first delivery of a row due this long after the signal
+    # (None: not a peer; the first delivery by another replica ends the gap).
+    recovery_horizon_s: float | None = None
 
     def __init__(
         self,
@@ -325,6 +344,18 @@ class Instance:
         leader = self.leader_name()
         return {leader: 1} if leader else {}
 
+    def running_jobs(self, replica: Replica) -> set[int] | None:
+        """The peer's jobs ``replica`` is working right now (None: the system has no jobs)."""
+        return None
+
+    def still_running(self, jobs: set[int]) -> set[int]:
+        """Those of ``jobs`` that are still being worked (or stuck so)."""
+        return set()
+
+    def elected_at(self, victim: str, after: float) -> float | None:
+        """When a replica other than ``victim`` was elected leader (epoch s), if after ``after``."""
+        return None
+
 
 class SchedlockInstance(Instance):
     system = "schedlock"
@@ -360,6 +391,7 @@ class SchedlockInstance(Instance):
 class SeedTickInstance(Instance):
     system = "seed_tick"
     short = "seed"
+    standing_leader = False
 
     def spawn(self) -> Replica:
         name = self.next_name()
@@ -443,8 +475,136 @@ class K8sLeaseInstance(Instance):
         }
 
 
+class PeerInstance(Instance):
+    """A maintained system run as its users run it (bench/peers/): its own schema migration,
+    then one job per ``schedlock_publishes`` row (``bench.peers.jobs``), workers that POST to
+    the receiver."""
+
+    recovery_horizon_s: float | None = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        subprocess.run(
+            [*self.program(), "migrate", "--database-url", self.db_url],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        jobs.install(self.db_url, self.system)
+
+    def program(self) -> list[str]:
+        raise NotImplementedError
+
+    def spawn(self) -> Replica:
+        name = self.next_name()
+        args = ["--database-url", self.replica_url(name), "--target-url", self.receiver.url]
+        program = [*self.program(), "work"]
+        return Worker(name, self.system, args, self.workdir / "replicas", program).start()
+
+    running = ""  # SELECT … WHERE id = ANY(%s) AND <the state of a job being worked>
+
+    def still_running(self, jobs: set[int]) -> set[int]:
+        if not jobs:
+            return set()
+        return {int(row[0]) for row in self.query(self.running, sorted(jobs))}
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        """On this instance's database, over one harness connection (not a replica's role)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.db_url, autocommit=True)
+        return self._conn.execute(sql.encode(), params).fetchall()
+
+    def stop(self) -> None:
+        super().stop()
+        if self._conn is not None:
+            self._conn.close()
+
+
+@functools.cache
+def river_bench() -> Path:
+    """The River worker, built by hack/tools.sh into the tool cache (once per content)."""
+    subprocess.run(["bash", str(REPO / "hack" / "tools.sh"), "ensure", "river-bench"], check=True)
+    return tool("river-bench")
+
+
+class RiverInstance(PeerInstance):
+    """River: every client works jobs; the elected leader runs the maintenance services, among
+    them the scheduler that makes ``scheduled`` jobs ``available`` (every 5 s)."""
+
+    system = "river"
+    short = "river"
+    # The scheduler makes available the jobs due within its interval ahead (JobScheduler's
+    # look-ahead, JobSchedulerIntervalDefault): the survivors fire those first.
+    recovery_horizon_s = 5.0
+    running = "SELECT id FROM river_job WHERE id = ANY(%s) AND state = 'running'"
+
+    def program(self) -> list[str]:
+        return [str(river_bench())]
+
+    def leader_name(self) -> str | None:
+        rows = self.query("SELECT leader_id FROM river_leader WHERE expires_at > now()")
+        return str(rows[0][0]) if rows else None
+
+    def running_jobs(self, replica: Replica) -> set[int] | None:
+        rows = self.query(
+            "SELECT id FROM river_job WHERE state = 'running' "
+            "AND attempted_by[cardinality(attempted_by)] = %s",
+            replica.name,
+        )
+        return {int(row[0]) for row in rows}
+
+    def elected_at(self, victim: str, after: float) -> float | None:
+        rows = self.query(
+            "SELECT extract(epoch FROM elected_at)::float8 FROM river_leader "
+            "WHERE leader_id <> %s AND elected_at >= to_timestamp(%s)",
+            victim,
+            after,
+        )
+        return float(rows[0][0]) if rows else None
+
+
+class ProcrastinateInstance(PeerInstance):
+    """procrastinate: no leader; each worker fetches due jobs (LISTEN/NOTIFY, polling 5 s)."""
+
+    system = "procrastinate"
+    short = "pcr"
+    standing_leader = False
+    running = "SELECT id FROM procrastinate_jobs WHERE id = ANY(%s) AND status = 'doing'"
+
+    def program(self) -> list[str]:
+        return [sys.executable, "-m", "bench.peers.procrastinate_worker"]
+
+    def leader_name(self) -> str | None:
+        return None  # no leader: the table says so
+
+    def keys_led(self) -> dict[str, int]:
+        return {}
+
+    def running_jobs(self, replica: Replica) -> set[int] | None:
+        worker_id = replica.status().get("worker_id") if isinstance(replica, Worker) else None
+        rows = self.query(
+            "SELECT id FROM procrastinate_jobs WHERE status = 'doing' AND worker_id = %s",
+            worker_id,
+        )
+        return {int(row[0]) for row in rows}
+
+    async def active_leader(self, timeout: float, within: float = 1.0) -> Replica:
+        """No leader: a worker at work right now (a job of it in 'doing'), to kill mid-job."""
+
+        def probe() -> Replica | None:
+            for replica in self.replicas:
+                if replica.alive() and self.running_jobs(replica):
+                    return replica
+            return None
+
+        return await until(probe, timeout, 0.002, "a procrastinate worker at work")
+
+
 INSTANCES: dict[str, type[Instance]] = {
     "schedlock": SchedlockInstance,
     "seed_tick": SeedTickInstance,
     "k8s_lease": K8sLeaseInstance,
+    "river": RiverInstance,
+    "procrastinate": ProcrastinateInstance,
 }

@@ -5,12 +5,19 @@ between the last delivery before the signal (or any delivery of the victim) and 
 delivery by another replica after it, minus the normal 10 ms spacing of the rows.  The victim
 is then replaced by a fresh replica (as a Deployment would) before the next trial.  A trial
 that reaches its cap counts as the cap (a lower bound) and is marked censored.
+
+The peers (bench/peers/) fire from every replica the jobs already made available, so their
+trial waits for a row due after the signal (River: after its scheduler's 5 s look-ahead) and
+takes the longest pause in deliveries before it; River's victim is its elected leader,
+procrastinate's (no leader) a worker with a job in ``doing``.  ``stuck_rows`` counts the jobs
+the victim was working that are still unfinished at the end of the trial.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import signal
 import time
@@ -19,6 +26,7 @@ from typing import Any
 
 from bench.context import Context
 from bench.deliveries import DeliveryLog
+from bench.profiles import PEERS
 from bench.rows import RowStream
 from bench.stats import summarize
 from bench.systems import INSTANCES, Instance, Replica, acquired_at, hard_kill, until
@@ -42,6 +50,8 @@ class Trial:
     # and acquired -> its first delivery at the receiver
     acquired_ms: float | None = None
     first_fire_ms: float | None = None
+    # peers (bench/peers/): jobs the victim was working that are still unfinished at the end
+    stuck: int | None = None
 
 
 @dataclass
@@ -51,14 +61,29 @@ class Plan:
     cap_s: float
 
 
-def _first_after(log: DeliveryLog, mark: int, t_signal: float, victim: str) -> float | None:
+def _first_after(
+    log: DeliveryLog, mark: int, t_signal: float, victim: str, due_after: float | None = None
+) -> float | None:
+    """The first delivery by another replica after the signal (for a peer: of a row due after
+    ``due_after`` — the others go on firing the jobs already made available)."""
     entries = log.refresh()
     found = [
         e.arrival
         for e in entries[max(0, mark - 200) :]
-        if e.arrival > t_signal and e.holder != victim
+        if e.arrival > t_signal
+        and e.holder != victim
+        and (due_after is None or (e.scheduled_at or 0.0) > due_after)
     ]
     return min(found) if found else None
+
+
+def _longest_hole(log: DeliveryLog, mark: int, t_signal: float, end: float) -> float:
+    """A peer's longest pause in deliveries (any replica) from the last one before the signal
+    until ``end`` (its recovery, or the cap), in seconds."""
+    times = sorted(e.arrival for e in log.refresh()[max(0, mark - 2000) :] if e.arrival < end)
+    before = [t for t in times if t <= t_signal]
+    points = [before[-1] if before else t_signal, *(t for t in times if t > t_signal), end]
+    return max(b - a for a, b in itertools.pairwise(points))
 
 
 def _last_before(log: DeliveryLog, mark: int, t_signal: float, victim: str) -> float | None:
@@ -92,7 +117,7 @@ async def _signal_leader(
     )
     for _ in range(20):
         victim: Replica = await inst.active_leader(leader_wait)
-        if inst.system != "seed_tick":  # the seed is caught mid-tick: signal it at once
+        if inst.standing_leader:  # the seed and procrastinate are caught mid-fire: at once
             await asyncio.sleep(random.uniform(0, 2 * spacing))  # no phase lock with the rows
         inst.log.refresh()
         mark = len(inst.log.entries)
@@ -111,16 +136,22 @@ async def _signal_leader(
 async def _trial(ctx: Context, inst: Instance, sig: signal.Signals, cap_s: float) -> Trial:
     spacing = ctx.profile.row_spacing_s
     victim, mark, t_signal = await _signal_leader(ctx, inst, sig)
+    held = inst.running_jobs(victim)
+    horizon = inst.recovery_horizon_s
+    due_after = None if horizon is None else t_signal + horizon
     first: float | None = None
     with contextlib.suppress(TimeoutError):
         first = await until(
-            lambda: _first_after(inst.log, mark, t_signal, victim.name), cap_s, 0.005
+            lambda: _first_after(inst.log, mark, t_signal, victim.name, due_after), cap_s, 0.005
         )
     await asyncio.sleep(0.2)  # let late log lines of the victim's last requests land
-    last = _last_before(inst.log, mark, t_signal, victim.name) or t_signal
     # A capped trial: the gap is at least as long as the wait (a lower bound).
     end = t_signal + cap_s if first is None else first
-    gap = (end - last - spacing) * 1000
+    if horizon is None:
+        last = _last_before(inst.log, mark, t_signal, victim.name) or t_signal
+        gap = (end - last - spacing) * 1000
+    else:
+        gap = (_longest_hole(inst.log, mark, t_signal, end) - spacing) * 1000
     exit_code: int | None = None
     process = victim.process
     if sig is signal.SIGTERM and process is not None:
@@ -133,7 +164,12 @@ async def _trial(ctx: Context, inst: Instance, sig: signal.Signals, cap_s: float
         victim=victim.name,
         successor=None if first is None else _successor(inst.log, first),
         exit_code=exit_code,
+        stuck=None if held is None else len(inst.still_running(held)),
     )
+    elected = inst.elected_at(victim.name, t_signal)
+    if elected is not None and first is not None:  # River: its election, then the scheduler
+        trial.acquired_ms = (elected - t_signal) * 1000
+        trial.first_fire_ms = (first - elected) * 1000
     successor = inst.by_name(trial.successor)
     if isinstance(successor, SidecarProcess) and first is not None:
         key = f"publish/{inst.namespace}/{inst.target}"
@@ -199,6 +235,10 @@ def record(ctx: Context, scenario: str, system: str, trials: list[Trial], cap_s:
     entry["trials_ms"] = [round(g, 1) for g in gaps]
     if scenario == "handover_sigterm_ms":
         entry["clean_exits"] = sum(t.exit_code == 0 for t in trials)
+    stuck = [t.stuck for t in trials if t.stuck is not None]
+    if stuck:  # peers: the victim's jobs left unfinished at the end of each trial
+        entry["stuck_rows"] = stuck
+        entry["stuck_rows_total"] = sum(stuck)
     acquired = [t.acquired_ms for t in trials if t.acquired_ms is not None]
     if acquired:  # where the time goes (schedlock): the lock hand-over, then the first fire
         entry["signal_to_acquired_ms"] = summarize(acquired)
@@ -221,6 +261,10 @@ def caps(ctx: Context) -> dict[tuple[str, str], float]:
         ("failover_sigstop_ms", "seed_tick"): p.seed_sigstop_cap_s,
         ("failover_sigkill_ms", "k8s_lease"): p.baseline_gap_cap_s,
         ("failover_sigstop_ms", "k8s_lease"): p.baseline_gap_cap_s,
+        ("failover_sigkill_ms", "river"): p.baseline_gap_cap_s,
+        ("failover_sigstop_ms", "river"): p.baseline_gap_cap_s,
+        ("failover_sigkill_ms", "procrastinate"): p.peer_no_leader_cap_s,
+        ("failover_sigstop_ms", "procrastinate"): p.peer_no_leader_cap_s,
     }
 
 
@@ -251,7 +295,7 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
     blocks: list[tuple[str, str, Plan]] = []
     if "failover_sigstop_ms" in scenarios:
         blocks.append(("schedlock", "stop", _plan(ctx, "failover_sigstop_ms", "schedlock")))
-    for system in ("seed_tick", "k8s_lease"):
+    for system in ("seed_tick", "k8s_lease", *PEERS):
         for scenario, label in (("failover_sigkill_ms", "kill"), ("failover_sigstop_ms", "stop")):
             if scenario in scenarios:
                 blocks.append((system, label, _plan(ctx, scenario, system)))

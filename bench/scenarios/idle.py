@@ -5,7 +5,8 @@ Queries come from PostgreSQL's own statistics: every replica connects as its own
 snapshots (a standby blocked in ``pg_advisory_lock`` completes nothing; schedlock's reserves,
 holding no session, are counted apart: their checks in turns).  The k8s_lease
 replicas also count their API requests to the kube-apiserver.  RSS and CPU come from /proc for
-the same processes over the same window.  The three systems idle side by side.
+the same processes over the same window, and the sessions each replica holds from
+``pg_stat_activity`` (by ``application_name``).  All five systems idle side by side.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import time
 from typing import Any
 
 from bench.context import Context
-from bench.profiles import SYSTEMS
+from bench.profiles import PEERS, SYSTEMS
 from bench.stats import summarize
 from bench.systems import INSTANCES, Instance, K8sLeaseInstance, cpu_seconds, rss_mb, until
 
 KEYS_PER_REPLICA = 2  # a schedlock replica runs the publish and recurring keys of its target
+LEADERLESS = ("seed_tick", "procrastinate")  # every replica polls; none leads
 
 
 def _calls(ctx: Context) -> dict[tuple[str, int], int]:
@@ -49,7 +51,7 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
     p = ctx.profile
     insts: dict[str, Instance] = {}
     try:
-        for system in SYSTEMS:
+        for system in (*SYSTEMS, *PEERS):
             insts[system] = INSTANCES[system](
                 ctx.env, p, "idle", p.idle_replicas, role_per_replica=True
             ).start()
@@ -59,11 +61,12 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
             lambda: sum(insts["schedlock"].keys_led().values()) == 2, 60, 0.1, "schedlock leaders"
         )
         await until(insts["k8s_lease"].leader_name, 60, 0.1, "a k8s_lease leader")
+        await until(insts["river"].leader_name, 60, 0.1, "a river leader")
         ctx.say(
-            f"idle: {len(SYSTEMS) * p.idle_replicas} replicas up, measuring {p.idle_window_s:g} s"
+            f"idle: {len(insts) * p.idle_replicas} replicas up, measuring {p.idle_window_s:g} s"
         )
         await asyncio.sleep(p.idle_warmup_s)
-        sessions0 = _sessions(ctx, insts["schedlock"].dbname)
+        sessions0 = {s: _sessions(ctx, i.dbname) for s, i in insts.items()}
         calls0, cpu0, api0 = _calls(ctx), _cpu(insts), _api(insts)
         led0 = {s: i.keys_led() for s, i in insts.items()}
         t0 = time.monotonic()
@@ -71,7 +74,7 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
         calls1, cpu1, api1 = _calls(ctx), _cpu(insts), _api(insts)
         window = time.monotonic() - t0
         led1 = {s: i.keys_led() for s, i in insts.items()}
-        sessions1 = _sessions(ctx, insts["schedlock"].dbname)
+        sessions1 = {s: _sessions(ctx, i.dbname) for s, i in insts.items()}
         for system, inst in insts.items():
             oid = ctx.env.database_oid(inst.dbname)
             stable = led0[system] == led1[system]
@@ -81,16 +84,17 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
                 cpu = (cpu1.get(r.name, 0.0) - cpu0.get(r.name, 0.0)) / window * 100
                 row: dict[str, Any] = {
                     "name": r.name,
-                    "keys_led": led1[system].get(r.name, 0) if system != "seed_tick" else None,
+                    "keys_led": led1[system].get(r.name, 0) if system not in LEADERLESS else None,
                     "queries_per_s": round(calls / window, 3),
                     "rss_mb": round(rss_mb(r.pid) or 0.0, 1),
                     "cpu_percent": round(cpu, 2),
                 }
-                if system == "schedlock":
-                    # Sessions held at both ends of the window (the lower, so that a reserve's
-                    # check caught in flight does not count): a standby waits on one per key,
-                    # a reserve holds none.
-                    row["sessions"] = min(sessions0.get(r.name, 0), sessions1.get(r.name, 0))
+                # Sessions held at both ends of the window (the lower, so that a reserve's
+                # check caught in flight does not count): a schedlock standby waits on one per
+                # key, a reserve holds none; a peer's replica holds its pool's sessions.
+                row["sessions"] = min(
+                    sessions0[system].get(r.name, 0), sessions1[system].get(r.name, 0)
+                )
                 if system == "k8s_lease":
                     row["api_requests_per_s"] = round(
                         (api1.get(r.name, 0) - api0.get(r.name, 0)) / window, 3
@@ -127,6 +131,8 @@ def _idle_entry(
     entry["source"] = "pg_stat_statements calls per replica role"
     if system == "seed_tick":
         entry["note"] = "no standing leader: every replica ticks and tries the lock"
+    elif system == "procrastinate":
+        entry["note"] = "no leader: every worker LISTENs and polls (5 s), heartbeats (10 s)"
     else:
         leaders = [r for r in replicas if r["keys_led"]]
         followers = [r for r in replicas if not r["keys_led"]]
@@ -170,6 +176,8 @@ def _footprint_entry(ctx: Context, system: str, replicas: list[dict[str, Any]]) 
         "leader_rss_mb": leaders[0]["rss_mb"] if leaders else None,
         "leader_idle_cpu_percent": leaders[0]["cpu_percent"] if leaders else None,
     }
+    if replicas:
+        entry["sessions"] = summarize([r["sessions"] for r in replicas])
     if system == "schedlock":
         peaks = ctx.extras.get("peak_rss_mb") or []
         entry["peak_rss_under_load_mb"] = round(max(peaks), 1) if peaks else None

@@ -1,7 +1,8 @@
 """Lateness: rows spread evenly over a window; arrival at the receiver minus due time.
 
-Each system runs on its own instance (3 replicas).  schedlock runs alone; the two baselines,
-whose lateness is seconds (the seed's tick, the Lease leader's poll), run side by side.  A row
+Each system runs on its own instance (3 replicas).  schedlock runs alone; the two baselines
+and the two peers, whose lateness is seconds (the seed's tick, the Lease leader's poll,
+River's scheduler and fetch poll, procrastinate's fetch poll), run side by side.  A row
 that has not arrived ``lateness_drain_s`` after the last due time counts as censored with its
 lateness so far (a lower bound) — the seed cannot keep up with 83 rows/s.
 """
@@ -12,6 +13,7 @@ import asyncio
 import time
 
 from bench.context import Context
+from bench.profiles import PEERS
 from bench.rows import due_times, insert_due
 from bench.stats import summarize
 from bench.systems import INSTANCES, together, until
@@ -25,7 +27,7 @@ async def _measure(ctx: Context, system: str) -> None:
     try:
         inst.start()
         await inst.wait_ready()
-        if system != "seed_tick":  # the seed has no standing leader
+        if inst.standing_leader:  # the seed and procrastinate have none
             await until(inst.leader_name, 60, 0.05, f"a {system} leader")
         spacing = p.lateness_span_s / p.lateness_rows
         start = time.time() + LEAD_IN_S
@@ -64,4 +66,4 @@ async def _measure(ctx: Context, system: str) -> None:
 
 async def run(ctx: Context) -> None:
     await _measure(ctx, "schedlock")
-    await together(_measure(ctx, "seed_tick"), _measure(ctx, "k8s_lease"))
+    await together(*(_measure(ctx, system) for system in ("seed_tick", "k8s_lease", *PEERS)))

@@ -4,7 +4,8 @@ fires/s = rows delivered / (last arrival − due time), or rows delivered by the
 when the run hits it (``capped``).  Every run starts on a fresh instance (an empty table: the
 claim's cost grows with the rows already in it).  schedlock runs alone, its runs one after
 another; the baselines run once, side by side (the seed is bounded by its tick, not by the
-CPU).  The schedlock leader's peak RSS (``VmHWM``) after the run goes into ``footprint``.
+CPU), then each peer once, one after the other.  The schedlock leader's peak RSS
+(``VmHWM``) after the run goes into ``footprint``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 from bench.context import Context
+from bench.profiles import PEERS
 from bench.rows import insert_due
 from bench.stats import summarize
 from bench.systems import (
@@ -52,7 +54,7 @@ async def _trial(ctx: Context, system: str, trial: int) -> tuple[float, dict[str
     try:
         inst.start()
         await inst.wait_ready()
-        if system != "seed_tick":
+        if inst.standing_leader:
             await until(inst.leader_name, 60, 0.05, f"a {system} leader")
         prefix = "tput"
         due = time.time() + LEAD_IN_S
@@ -116,3 +118,5 @@ async def _measure(ctx: Context, system: str, trials: int) -> None:
 async def run(ctx: Context) -> None:
     await _measure(ctx, "schedlock", ctx.profile.throughput_trials)
     await together(_measure(ctx, "seed_tick", 1), _measure(ctx, "k8s_lease", 1))
+    for peer in PEERS:  # CPU-bound like schedlock: one after another, once each
+        await _measure(ctx, peer, 1)

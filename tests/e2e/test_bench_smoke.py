@@ -1,8 +1,9 @@
 """The benchmark harness runs end to end (``python -m bench run --smoke``), so it cannot rot.
 
 One short trial per scenario with shortened timings, against its own PostgreSQL,
-kube-apiserver and (the cluster scenario) one-node cluster.  Only the shape of the results is
-checked — never a number: timing belongs in ``make bench`` on a quiet machine, not in a test.
+kube-apiserver and (the cluster scenario) one-node cluster, for schedlock, both baselines and
+both peers (River, built by hack/tools.sh, and procrastinate).  Only the shape of the results
+is checked — never a number: timing belongs in ``make bench`` on a quiet machine, not in a test.
 """
 
 from __future__ import annotations
@@ -58,8 +59,13 @@ def test_bench_smoke_writes_every_key(tmp_path: Path, cluster_free_host: None) -
             assert_distribution(document[key][system], f"{key}.{system}")
     for key in ("cr_to_row_ms", "cr_to_published_ms"):
         assert_distribution(document["operator"][key], f"operator.{key}")
+    for key in ("failover_sigkill_ms", "failover_sigstop_ms"):
+        for peer in report.PEERS:  # the jobs each victim left unfinished, counted per trial
+            stuck = document[key][peer]["stuck_rows"]
+            assert [isinstance(n, int) for n in stuck] == [True], f"{key}.{peer}: {stuck}"
     for system in ALL:
         assert_distribution(document["footprint"][system]["rss_mb"], f"footprint.{system}")
+        assert_distribution(document["footprint"][system]["sessions"], f"footprint.{system}")
         assert_distribution(
             document["footprint"][system]["idle_cpu_percent"], f"footprint.{system}"
         )
@@ -72,6 +78,7 @@ def test_bench_smoke_writes_every_key(tmp_path: Path, cluster_free_host: None) -
         assert isinstance(cluster[key]["lost"], int), cluster[key]
     table = (out / "latest.md").read_text()
     assert "failover SIGKILL" in table and "| schedlock target |" in table
+    assert "| river | procrastinate |" in table and "no leader: n/a" in table
     assert run.stdout.count("| failover SIGKILL, ms |") == 1  # the table is printed too
     assert (out / "failover_gaps.png").stat().st_size > 0
     assert (out / "lateness_cdf.png").stat().st_size > 0
