@@ -250,7 +250,7 @@ def inflight_window(fault: Fault, config: ChaosConfig) -> tuple[float, float]:
     if fault.kind == STOP:
         return lo, fault.end + t + s
     if fault.kind == PARTITION:
-        return lo, fault.start + config.step_down_after + t + s
+        return lo, fault.start + config.timings.step_down_after + t + s
     if fault.kind == UNPLANNED:
         return lo, fault.end + s
     if fault.kind == FAILOVER_ASYNC:
@@ -276,7 +276,7 @@ def classify_stepdowns(data: RunData) -> tuple[list[Fault], list[dict[str, Any]]
     cfg = data.config
     unplanned: list[Fault] = []
     details = []
-    after = cfg.lease_seconds + cfg.heartbeat_seconds + 5 * cfg.slack_seconds
+    after = cfg.timings.lease_seconds + cfg.timings.heartbeat_seconds + 5 * cfg.slack_seconds
     for sd in data.stepdowns:
         explained = any(
             f.kind in CRASH_KINDS | {SIGTERM}
@@ -286,7 +286,7 @@ def classify_stepdowns(data: RunData) -> tuple[list[Fault], list[dict[str, Any]]
         )
         if explained:
             continue
-        start = sd["ts"] - cfg.step_down_after - cfg.heartbeat_seconds
+        start = sd["ts"] - cfg.timings.step_down_after - cfg.timings.heartbeat_seconds
         unplanned.append(
             Fault(UNPLANNED, start, sd["ts"], sd["holder"], frozenset({str(sd["key"])}))
         )
@@ -622,7 +622,7 @@ def outage_windows(data: RunData, faults: list[Fault]) -> dict[str, list[tuple[f
     second, so that second is excused too.
     """
     cfg = data.config
-    bound = cfg.lease_seconds + cfg.heartbeat_seconds + 5 * cfg.slack_seconds
+    bound = cfg.timings.lease_seconds + cfg.timings.heartbeat_seconds + 5 * cfg.slack_seconds
     windows: dict[str, list[tuple[float, int, str]]] = {t: [] for t in cfg.targets}
     for target in cfg.targets:
         key = f"{Scheduler.RECURRING}/{cfg.namespace}/{target}"

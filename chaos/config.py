@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from schedlock.core.timings import LeaseTimings
 from schedlock.operator import crd
 
 
@@ -17,9 +18,9 @@ class ChaosConfig:
     namespace: str = "chaos"
     with_operator: bool = True
 
-    # Sidecars: a short lease so that every fault resolves within seconds.
-    lease_seconds: float = 3.0
-    heartbeat_seconds: float = 0.8
+    # Sidecars: a short lease so that every fault resolves within seconds (a heartbeat a bit
+    # quicker than the derived 0.9 s); the product's LeaseTimings derives the rest.
+    timings: LeaseTimings = LeaseTimings(3.0, heartbeat_override=0.8)
     request_timeout_seconds: float = 1.0
     shutdown_grace_seconds: float = 2.0
 
@@ -42,16 +43,11 @@ class ChaosConfig:
     # Checker: scheduling noise allowed on a loaded machine around every fault window.
     slack_seconds: float = 1.0
 
-    @property
-    def step_down_after(self) -> float:
-        """The sidecar's own rule (SidecarSettings.step_down_after)."""
-        return self.lease_seconds - max(1.0, self.lease_seconds * 0.2)
-
     def sidecar_env(self) -> dict[str, str]:
         return {
             "SCHEDLOCK_NAMESPACE": self.namespace,
-            "SCHEDLOCK_LEASE_SECONDS": f"{self.lease_seconds:g}",
-            "SCHEDLOCK_HEARTBEAT_SECONDS": f"{self.heartbeat_seconds:g}",
+            "SCHEDLOCK_LEASE_SECONDS": f"{self.timings.lease_seconds:g}",
+            "SCHEDLOCK_HEARTBEAT_SECONDS": f"{self.timings.heartbeat_seconds:g}",
             "SCHEDLOCK_REQUEST_TIMEOUT_SECONDS": f"{self.request_timeout_seconds:g}",
             "SCHEDLOCK_SHUTDOWN_GRACE_SECONDS": f"{self.shutdown_grace_seconds:g}",
             "SCHEDLOCK_MIGRATE": "off",
@@ -61,12 +57,17 @@ class ChaosConfig:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["timings"]
         data["targets"] = list(self.targets)
-        data["step_down_after"] = self.step_down_after
+        data["lease_seconds"] = self.timings.lease_seconds
+        data["heartbeat_seconds"] = self.timings.heartbeat_seconds
+        data["step_down_after"] = self.timings.step_down_after
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ChaosConfig:
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         fields["targets"] = tuple(fields.get("targets", ("alpha", "beta")))
+        if "lease_seconds" in data:
+            fields["timings"] = LeaseTimings(data["lease_seconds"], data.get("heartbeat_seconds"))
         return cls(**fields)

@@ -78,7 +78,7 @@ class PlannedFault:
 
 def _infra(kind: str, rng: random.Random, config: ChaosConfig) -> tuple[float, str, float]:
     """(hold, variant, expected seconds until the system is steady again)."""
-    lease = config.lease_seconds
+    lease = config.timings.lease_seconds
     if kind == KILL:
         hold = rng.uniform(0.5, 2.5)  # until the killed replica is restarted
         return hold, "", hold + 2.0

@@ -60,6 +60,7 @@ from chaos.checker import Entry, Fault, RunData  # noqa: E402
 from chaos.config import ChaosConfig  # noqa: E402
 from chaos.plan import KILL, SIGTERM  # noqa: E402
 from schedlock.core.identities import Scheduler, parse_slot_uid, slot_uid  # noqa: E402
+from schedlock.core.timings import LeaseTimings  # noqa: E402
 from testbed.pg import PostgresServer, server_dir  # noqa: E402
 from testbed.procs import output  # noqa: E402
 from testbed.sidecars import ReceiverProcess, SidecarProcess, wait_for  # noqa: E402
@@ -100,8 +101,10 @@ CHECKER_CONFIG = ChaosConfig(
     replicas=REPLICAS,
     namespace=NAMESPACE,
     with_operator=False,
-    lease_seconds=float(SIDECAR_ENV["SCHEDLOCK_LEASE_SECONDS"]),
-    heartbeat_seconds=float(SIDECAR_ENV["SCHEDLOCK_HEARTBEAT_SECONDS"]),
+    timings=LeaseTimings(
+        float(SIDECAR_ENV["SCHEDLOCK_LEASE_SECONDS"]),
+        float(SIDECAR_ENV["SCHEDLOCK_HEARTBEAT_SECONDS"]),
+    ),
     request_timeout_seconds=float(SIDECAR_ENV["SCHEDLOCK_REQUEST_TIMEOUT_SECONDS"]),
 )
 
