@@ -13,7 +13,6 @@ import base64
 import json
 import subprocess
 import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import yaml
 
 from testbed.helm import CHART, Helm
 from testbed.kube import KubeAPIServer
-from testbed.operators import OperatorProcess
+from testbed.operators import OperatorProcess, at
 from testbed.pg_fixtures import PostgresService
 from testbed.sidecars import SidecarGroup, wait_for
 
@@ -190,10 +189,6 @@ def _render(helm: Helm, release: str, namespace: str) -> list[Manifest]:
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
-def _at(seconds: float) -> str:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 @pytest.mark.timeout(240)
 def test_operator_runs_on_the_charts_rendered_rbac(
     kube: KubeAPIServer,
@@ -240,7 +235,7 @@ def test_operator_runs_on_the_charts_rendered_rbac(
             "apiVersion": "schedlock.dev/v1",
             "kind": "ScheduledPublish",
             "metadata": {"name": "rbac-check", "namespace": apps},
-            "spec": {"target": sidecars.target, "publishAt": _at(3), "payload": {"n": 1}},
+            "spec": {"target": sidecars.target, "publishAt": at(3), "payload": {"n": 1}},
         }
         kube.apply(publish)
 

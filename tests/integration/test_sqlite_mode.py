@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from schedlock.core.identities import Scheduler, scheduler_of
 from testbed.sidecars import ReceiverProcess, SidecarProcess, wait_for
 
 SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
@@ -68,7 +69,10 @@ def test_sqlite_sidecar_fires_one_shot_and_recurring(
             what="the one-shot rows",
         )
         wait_for(
-            lambda: sum("@" in str(e["uid"]) for e in receiver.entries()) >= 2,
+            lambda: (
+                sum(scheduler_of(str(e["uid"])) is Scheduler.RECURRING for e in receiver.entries())
+                >= 2
+            ),
             timeout=15,
             what="two recurring slots",
         )
