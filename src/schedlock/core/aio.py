@@ -1,0 +1,231 @@
+"""The async kit: waiting unless stopping, one back-off policy, a supervised group of tasks.
+
+Every loop of the sidecar and the operator is written with these, so a wait, a retry or a
+shutdown behaves the same everywhere (kopf's ``aiokits`` are the model):
+
+- :func:`sleep_unless` — wait so long, or until an event is set (the loops' "sleep or stop");
+- :func:`unless_set` — await a call unless an event is set first (then cancel it);
+- :class:`Backoff` — the one retry policy: doubling from ``first`` to ``cap``, with jitter;
+- :class:`Supervisor` — named tasks run as a group: the first failure cancels the others,
+  *every* failure of the group is logged with its task's name, and a stop is staged: the
+  tasks get ``stop_timeout`` seconds to end on their own, then whatever is left is cancelled.
+
+All waits go through the running loop's clock, so a test on a virtual-time loop runs them in
+no time at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import KW_ONLY, dataclass, field
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+log = logging.getLogger("schedlock.aio")
+
+
+def now() -> float:
+    """The running loop's clock (monotonic seconds; virtual on a test's virtual-time loop)."""
+    return asyncio.get_running_loop().time()
+
+
+async def sleep_unless(seconds: float | None, *events: asyncio.Event) -> bool:
+    """Wait ``seconds`` (forever when None) unless one of ``events`` is set first.
+
+    True when an event is set (at once if one already is), False when the time ran out.
+    """
+    if any(event.is_set() for event in events):
+        return True
+    if seconds is not None and seconds <= 0:
+        return False
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        if waiters:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        elif seconds is not None:
+            await asyncio.sleep(seconds)
+        else:
+            raise ValueError("sleep_unless(None) with no event would wait forever")
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    return any(event.is_set() for event in events)
+
+
+@dataclass(frozen=True)
+class Finished(Generic[T]):
+    """What :func:`unless_set` returns when the call finished first."""
+
+    value: T
+
+
+async def unless_set(
+    call: Awaitable[T],
+    *events: asyncio.Event,
+    abandon: Callable[[T], Awaitable[object]] | None = None,
+    suppress: tuple[type[BaseException], ...] = (),
+) -> Finished[T] | None:
+    """Await ``call`` unless one of ``events`` is set first; then cancel it and return None.
+
+    A call that finished anyway while being cancelled has its result handed to ``abandon``
+    (e.g. to close a lock that was granted just too late); errors in ``suppress`` raised by
+    the cancelled call are ignored.  Cancelled from outside, the call is cancelled too: it is
+    never left running.
+    """
+    task = asyncio.ensure_future(call)
+    stops = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait({task, *stops}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        for stop in stops:
+            stop.cancel()
+    if task.done():
+        return Finished(task.result())
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, *suppress):
+        late = await task
+        if abandon is not None:
+            await abandon(late)
+    return None
+
+
+@dataclass
+class Backoff:
+    """The one retry policy: ``first`` doubling to ``cap``, each delay spread over [0.5, 1.5)
+    of itself so replicas that failed together do not retry together.  :meth:`reset` after a
+    success starts again from ``first``."""
+
+    first: float
+    cap: float
+    rng: random.Random = field(default_factory=random.Random)
+    _base: float | None = None
+
+    @property
+    def base(self) -> float:
+        """The delay before jitter that :meth:`next` would spread next."""
+        return self.first if self._base is None else min(self._base * 2, self.cap)
+
+    def next(self) -> float:
+        """The next delay (with jitter), growing the base."""
+        self._base = self.base
+        return self._base * (0.5 + self.rng.random())
+
+    def reset(self) -> None:
+        self._base = None
+
+    async def sleep(self, *unless: asyncio.Event) -> bool:
+        """Sleep the next delay unless one of ``unless`` is set first (True then)."""
+        return await sleep_unless(self.next(), *unless)
+
+
+@dataclass(eq=False)
+class Supervisor:
+    """A group of named tasks: ``async with Supervisor("electors") as group: group.start(...)``.
+
+    - The block ends when every task has ended (the body's own code runs as part of it).
+    - The first failure cancels the others; every failure of the group is logged, each with
+      its task's name (``expected`` ones without a traceback), and the first is raised as
+      itself — not wrapped in an exception group.
+    - A staged stop: once ``stopping`` is set, the tasks have ``stop_timeout`` seconds to end
+      on their own (each ends its work gracefully); then those left are cancelled, and said.
+    """
+
+    name: str
+    _: KW_ONLY
+    stopping: asyncio.Event | None = None
+    stop_timeout: float | None = None
+    expected: tuple[type[BaseException], ...] = ()
+    logger: logging.Logger = log
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list, init=False)
+    _group: asyncio.TaskGroup = field(default_factory=asyncio.TaskGroup, init=False)
+    _watchdog: asyncio.Task[None] | None = field(default=None, init=False)
+
+    def start(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = self._group.create_task(coro, name=name)
+        self.tasks.append(task)
+        return task
+
+    async def __aenter__(self) -> Supervisor:
+        await self._group.__aenter__()
+        if self.stopping is not None and self.stop_timeout is not None:
+            self._watchdog = asyncio.create_task(
+                self._stop_in_time(self.stopping, self.stop_timeout), name=f"{self.name}:stop"
+            )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._group.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            failures = self._failures(group)
+            for name, failure in failures:
+                self._log_failure(name, failure)
+            raise failures[0][1] from None
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                await asyncio.gather(self._watchdog, return_exceptions=True)
+
+    def _failures(
+        self, group: BaseExceptionGroup[BaseException]
+    ) -> list[tuple[str, BaseException]]:
+        names = {
+            id(task.exception()): task.get_name()
+            for task in self.tasks
+            if task.done() and not task.cancelled() and task.exception() is not None
+        }
+        return [(names.get(id(leaf), f"{self.name}:body"), leaf) for leaf in leaves(group)]
+
+    def _log_failure(self, name: str, failure: BaseException) -> None:
+        quiet = isinstance(failure, self.expected)
+        self.logger.log(
+            logging.INFO if quiet else logging.ERROR,
+            "task failed",
+            exc_info=None if quiet else failure,
+            extra={
+                "event": "task_failed",
+                "group": self.name,
+                "task": name,
+                "error": f"{type(failure).__name__}: {failure}",
+            },
+        )
+
+    async def _stop_in_time(self, stopping: asyncio.Event, seconds: float) -> None:
+        await stopping.wait()
+        running = [t for t in self.tasks if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=seconds)
+        late = [t for t in self.tasks if not t.done()]
+        for task in late:
+            self.logger.warning(
+                "task did not stop in time, cancelled",
+                extra={
+                    "event": "task_cancelled",
+                    "group": self.name,
+                    "task": task.get_name(),
+                    "timeout_s": seconds,
+                },
+            )
+            task.cancel()
+
+
+def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """Every exception inside a (nested) exception group, in order."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
