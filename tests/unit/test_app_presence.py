@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import socket
@@ -16,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from schedlock.core.settings import SettingError, build, check_url
+from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.delivery import Deliverer, lost_connection
 from schedlock.sidecar.lock import KeyElector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
@@ -30,7 +32,8 @@ from schedlock.sidecar.target import (
     probe,
     worth_confirming,
 )
-from schedlock.store import FireRow, Heartbeat, LockKey, TermStart
+from schedlock.store import FireRow
+from testbed.lock_fakes import KEY, FakeApp, FakeServer, FakeSession
 
 TWO_TWO = Thresholds(failures=2, successes=2)
 
@@ -283,6 +286,15 @@ def watch_for(port: int, metrics: SidecarMetrics) -> TargetWatch:
     )
 
 
+def reachable_watch_of_a_closed_port() -> TargetWatch:
+    """A watch that last saw the app reachable; the app has gone since (its port is closed)."""
+    watch = watch_for(free_port(), SidecarMetrics())
+    watch.health = Health(reachable=True)
+    watch.reachable.set()
+    watch.unreachable.clear()
+    return watch
+
+
 def gauge(metrics: SidecarMetrics) -> float | None:
     return metrics.registry.get_sample_value("schedlock_target_up")
 
@@ -313,11 +325,7 @@ async def test_the_watch_follows_the_app_and_says_so(caplog: pytest.LogCaptureFi
 
 
 async def test_confirm_makes_the_app_unreachable_at_once_and_is_shared() -> None:
-    metrics = SidecarMetrics()
-    watch = watch_for(free_port(), metrics)
-    watch.health = Health(reachable=True)
-    watch.reachable.set()
-    watch.unreachable.clear()
+    watch = reachable_watch_of_a_closed_port()
     results = await asyncio.gather(*(watch.confirm() for _ in range(5)))
     assert results == [False] * 5
     assert watch.unreachable.is_set() and not watch.up
@@ -348,84 +356,13 @@ def test_which_failed_deliveries_are_worth_confirming(
 
 
 async def test_a_503_confirmed_by_a_failing_readiness_endpoint_is_unreachable_at_once() -> None:
-    metrics = SidecarMetrics()
-    watch = watch_for(free_port(), metrics)
-    watch.health = Health(reachable=True)
-    watch.reachable.set()
-    watch.unreachable.clear()
+    watch = reachable_watch_of_a_closed_port()
     assert not await watch.confirm("delivery failed: HTTP 503 from app")
     assert watch.unreachable.is_set() and not watch.up
     assert watch.reason.startswith("delivery failed: HTTP 503 from app; ")
 
 
-# -- the elector's states, against a fake lock session ---------------------------------------
-
-
-class FakeSession:
-    def __init__(self, log: list[str], grant: asyncio.Event) -> None:
-        self.log = log
-        self.grant = grant
-        self.key = KEY
-        self.holder = "me"
-        self.connected = False
-
-    async def connect(self) -> None:
-        self.log.append("connect")
-
-    async def close(self) -> None:
-        self.log.append("close")
-
-    async def acquire(self) -> None:
-        self.log.append("acquire")
-        await self.grant.wait()
-
-    async def begin_term(self) -> TermStart:
-        self.log.append("begin_term")
-        return TermStart(term=7, previous_holder=None, gap_seconds=None, previous_released=False)
-
-    async def heartbeat(self, term: int) -> Heartbeat:
-        return Heartbeat(alive=True, backlog=0, oldest_due_age=None)
-
-    async def release(self, term: int | None) -> None:
-        self.log.append(f"release:{term}")
-
-    # A single replica: there is always a standby place (tests/unit/test_connection_budget_roles.py
-    # has the places, the roster and the reserves).
-    async def take_standby_place(self, places: int) -> int | None:
-        return 0
-
-    async def leave_standby_place(self) -> None:
-        return None
-
-    async def leave_reserves(self) -> None:
-        return None
-
-
-class FakeStore:
-    dialect = "postgresql"
-
-    def __init__(self) -> None:
-        self.log: list[str] = []
-        self.grant = asyncio.Event()
-
-    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> FakeSession:
-        self.log.append("session")
-        return FakeSession(self.log, self.grant)
-
-
-class FakeApp:
-    def __init__(self) -> None:
-        self.reachable = asyncio.Event()
-        self.unreachable = asyncio.Event()
-        self.unreachable.set()
-        self.reason = "connection refused"
-
-    def set(self, up: bool) -> None:
-        (self.reachable if up else self.unreachable).set()
-        (self.unreachable if up else self.reachable).clear()
-
-
-KEY = LockKey("publish", "default", "demo")
+# -- the elector's states, against the fake lock server (testbed.lock_fakes) -----------------
 
 
 async def until(predicate: Callable[[], bool]) -> None:
@@ -434,9 +371,35 @@ async def until(predicate: Callable[[], bool]) -> None:
             await asyncio.sleep(0.005)
 
 
+@dataclasses.dataclass
+class Subject:
+    elector: KeyElector
+    server: FakeServer
+    app: FakeApp
+    other: FakeSession  # the replica that holds the lock until grant()
+    worked: list[str]
+
+    @property
+    def role(self) -> Role:
+        return self.elector.role
+
+    def steps(self) -> list[str]:
+        """What our sessions did, in order."""
+        return [step.removeprefix("me:") for step in self.server.steps if step.startswith("me:")]
+
+    def grant(self) -> None:
+        self.server.unlock(self.other, released=True)
+
+    def leader_gauge(self) -> float | None:
+        return self.elector.metrics.registry.get_sample_value(
+            "schedlock_leader", {"scheduler": "publish", "namespace": "default", "target": "demo"}
+        )
+
+
 @contextlib.asynccontextmanager
-async def elector() -> AsyncIterator[tuple[KeyElector, FakeStore, FakeApp, list[str]]]:
-    store, app, worked = FakeStore(), FakeApp(), []
+async def elector() -> AsyncIterator[Subject]:
+    server, app, worked = FakeServer(), FakeApp(up=False), []
+    other = server.occupied_by("other")
 
     async def work(leadership: Leadership, ending: asyncio.Event) -> None:
         worked.append(f"term:{leadership.term}")
@@ -444,12 +407,10 @@ async def elector() -> AsyncIterator[tuple[KeyElector, FakeStore, FakeApp, list[
         worked.append("ended")
 
     subject = KeyElector(
-        store,  # type: ignore[arg-type]
+        server,  # type: ignore[arg-type]
         KEY,
         holder="me",
-        lease_seconds=10,
-        heartbeat_seconds=3,
-        step_down_after=8,
+        timings=LeaseTimings(10),
         metrics=SidecarMetrics(),
         work=work,
         app=app,
@@ -458,51 +419,45 @@ async def elector() -> AsyncIterator[tuple[KeyElector, FakeStore, FakeApp, list[
     stopping = asyncio.Event()
     task = asyncio.create_task(subject.run(stopping), name="elector-under-test")
     try:
-        yield subject, store, app, worked
+        yield Subject(subject, server, app, other, worked)
     finally:
         stopping.set()
-        store.grant.set()
+        server.unlock(other, released=True)
         await asyncio.wait_for(task, 10)
 
 
-def leader_gauge(subject: KeyElector) -> float | None:
-    return subject.metrics.registry.get_sample_value(
-        "schedlock_leader", {"scheduler": "publish", "namespace": "default", "target": "demo"}
-    )
-
-
 async def test_no_session_while_the_app_is_away_then_compete() -> None:
-    async with elector() as (subject, store, app, _):
-        await until(lambda: subject.role is Role.WAITING_FOR_APP)
+    async with elector() as it:
+        await until(lambda: it.role is Role.WAITING_FOR_APP)
         await asyncio.sleep(0)
-        assert store.log == [], "no session, so no waiter that could be granted"
-        app.set(True)
-        await until(lambda: subject.role is Role.STANDBY and "acquire" in store.log)
-        assert store.log == ["session", "connect", "acquire"]
+        assert it.steps() == [], "no session, so no waiter that could be granted"
+        it.app.set(True)
+        await until(lambda: it.role is Role.STANDBY and "acquire" in it.steps())
+        assert it.steps() == ["session", "connect", "acquire"]
 
 
 async def test_a_follower_whose_app_goes_away_leaves_the_queue() -> None:
-    async with elector() as (subject, store, app, _):
-        app.set(True)
-        await until(lambda: "acquire" in store.log)
-        app.set(False)
-        await until(lambda: subject.role is Role.WAITING_FOR_APP)
-        assert store.log == ["session", "connect", "acquire", "close"]
-        assert "begin_term" not in store.log
+    async with elector() as it:
+        it.app.set(True)
+        await until(lambda: "acquire" in it.steps())
+        it.app.set(False)
+        await until(lambda: it.role is Role.WAITING_FOR_APP)
+        assert it.steps() == ["session", "connect", "acquire", "close"]
+        assert it.server.queue == [], "out of the lock's queue"
 
 
 async def test_a_leader_whose_app_goes_away_ends_its_term_and_unlocks() -> None:
-    async with elector() as (subject, store, app, worked):
-        app.set(True)
-        store.grant.set()
-        await until(lambda: subject.role is Role.LEADING and worked == ["term:7"])
-        assert leader_gauge(subject) == 1
-        app.set(False)
-        await until(lambda: subject.role is Role.WAITING_FOR_APP)
-        assert worked == ["term:7", "ended"]
-        assert store.log[-2:] == ["release:7", "close"], "a checked unlock, not a dropped session"
-        assert leader_gauge(subject) == 0
-        released = subject.metrics.registry.get_sample_value(
+    async with elector() as it:
+        it.app.set(True)
+        it.grant()
+        await until(lambda: it.role is Role.LEADING and it.worked == ["term:1"])
+        assert it.leader_gauge() == 1
+        it.app.set(False)
+        await until(lambda: it.role is Role.WAITING_FOR_APP)
+        assert it.worked == ["term:1", "ended"]
+        assert it.steps()[-2:] == ["release:1", "close"], "a checked unlock, not a dropped session"
+        assert it.leader_gauge() == 0
+        released = it.elector.metrics.registry.get_sample_value(
             "schedlock_leadership_transitions_total",
             {
                 "scheduler": "publish",
@@ -513,16 +468,17 @@ async def test_a_leader_whose_app_goes_away_ends_its_term_and_unlocks() -> None:
         )
         assert released == 1
         # Back again: a candidate again, through a fresh session.
-        app.set(True)
-        await until(lambda: worked.count("term:7") == 2)
-        assert store.log.count("session") == 2
+        it.app.set(True)
+        await until(lambda: it.worked[-1:] == ["term:2"])
+        assert it.steps().count("session") == 2
 
 
 async def test_granted_as_the_app_goes_away_unlocks_without_a_term() -> None:
-    async with elector() as (subject, store, app, worked):
-        app.set(True)
-        await until(lambda: "acquire" in store.log)
-        app.set(False)
-        store.grant.set()  # both at once: whichever the elector sees first, no term starts
-        await until(lambda: subject.role is Role.WAITING_FOR_APP)
-        assert "begin_term" not in store.log and worked == []
+    async with elector() as it:
+        it.app.set(True)
+        await until(lambda: "acquire" in it.steps())
+        it.app.set(False)
+        it.grant()  # both at once: whichever the elector sees first, no term starts
+        await until(lambda: it.role is Role.WAITING_FOR_APP)
+        assert it.worked == [] and not any(step.startswith("term:") for step in it.steps())
+        assert it.server.holder is None, "the lock is free for the next replica"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.lock import KeyElector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.reserve import (
@@ -26,7 +27,6 @@ from schedlock.sidecar.reserve import (
     grace,
     next_check_in,
     refused_backoff,
-    with_jitter,
 )
 from schedlock.store import (
     ConnectionsExhausted,
@@ -72,13 +72,16 @@ def test_jitter_only_delays_by_a_tenth_at_most() -> None:
 
 
 def test_refusal_backoff_doubles_to_a_cap_with_jitter() -> None:
+    backoff = refused_backoff(random.Random(3))
     seen: list[float] = []
-    previous: float | None = None
+    spread: list[float] = []
     for _ in range(10):
-        previous = refused_backoff(previous)
-        seen.append(previous)
+        seen.append(backoff.base)
+        spread.append(backoff.next() / seen[-1])
     assert seen[:4] == [1.0, 2.0, 4.0, 8.0] and seen[-1] == REFUSED_CAP
-    assert with_jitter(8.0, 0.0) == 4.0 and with_jitter(8.0, 0.999) < 12.0
+    assert all(0.5 <= s < 1.5 for s in spread) and len(set(spread)) > 1
+    backoff.reset()
+    assert backoff.base == 1.0
     assert grace(0.5) == 5.0 and grace(30) == 30
 
 
@@ -294,9 +297,7 @@ class Fleet:
             self.db,  # type: ignore[arg-type]
             KEY,
             holder=name,
-            lease_seconds=10,
-            heartbeat_seconds=3,
-            step_down_after=8,
+            timings=LeaseTimings(10, 3),
             metrics=SidecarMetrics(),
             work=work,
             app=AlwaysThere(),

@@ -25,13 +25,13 @@ that an object still exists around each write.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from schedlock.core.aio import sleep_unless
 from schedlock.core.identities import Scheduler
 from schedlock.core.logs import Event
 from schedlock.operator import mapping
@@ -187,8 +187,7 @@ class Reasserter:
                     "re-assertion pass failed, retrying",
                     extra={"event": Event.REASSERT_FAILED, "error": str(exc)},
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.interval)
+            await sleep_unless(self.interval, stopping)
 
     async def once(self) -> PassResult:
         started = time.perf_counter()

@@ -17,9 +17,11 @@ import asyncio
 import contextlib
 import json
 import logging
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from schedlock.core.aio import Backoff, sleep_unless, unless_set
 from schedlock.core.identities import Scheduler, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping
@@ -28,6 +30,9 @@ from schedlock.store import Channel, HeldLock, PublishRecord, Store, StoreError
 
 log = logging.getLogger("schedlock.operator.sync")
 SYNC_LOCK_OBJID = 1
+RETRY_FIRST = 1.0  # seconds: after an interrupted sync, doubling to RETRY_CAP (with jitter)
+RETRY_CAP = 10.0
+LISTEN_READY_SECONDS = 5.0  # how long the first sweep waits for LISTEN to be in place
 SYNC_CONCURRENCY = 6  # objects synced at once (the official client runs each call in a thread)
 
 
@@ -44,48 +49,50 @@ def object_uid(record: PublishRecord) -> str:
     return schedule_uid_of(record.uid) if record.scheduler == Scheduler.RECURRING else record.uid
 
 
+async def _close(held: HeldLock) -> None:
+    await held.close()
+
+
+@dataclass(eq=False)
 class StatusSync:
-    def __init__(
-        self, store: Store, kube: KubeApi | None, *, sweep_seconds: float, holder: str
-    ) -> None:
-        self.store = store
-        self._kube = kube
-        self.sweep_seconds = sweep_seconds
-        self.holder = holder
-        self.active = False
-        self._pending: set[int] = set()
-        self._wake = asyncio.Event()
-        self._watermark: datetime | None = None
+    """The sync; ``kube`` None means the in-cluster client, made at first use."""
+
+    store: Store
+    client: KubeApi | None
+    _: KW_ONLY
+    sweep_seconds: float
+    holder: str
+    active: bool = field(default=False, init=False)
+    _pending: set[int] = field(default_factory=set, init=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _watermark: datetime | None = field(default=None, init=False)
 
     @property
     def kube(self) -> KubeApi:
-        if self._kube is None:
-            self._kube = Kube()
-        return self._kube
+        if self.client is None:
+            self.client = Kube()
+        return self.client
 
     async def run(self, stopping: asyncio.Event) -> None:
-        delay = 1.0
+        backoff = Backoff(RETRY_FIRST, RETRY_CAP)
         while not stopping.is_set():
             held: HeldLock | None = None
             try:
-                acquire = asyncio.create_task(
-                    self.store.hold_lock(SYNC_LOCK_OBJID, f"{self.holder}-sync")
+                granted = await unless_set(
+                    self.store.hold_lock(SYNC_LOCK_OBJID, f"{self.holder}-sync"),
+                    stopping,
+                    abandon=_close,
+                    suppress=(StoreError,),
                 )
-                stop = asyncio.create_task(stopping.wait())
-                await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
-                stop.cancel()
-                if not acquire.done():
-                    acquire.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, StoreError):
-                        held = await acquire
+                if granted is None:
                     break
-                held = acquire.result()
+                held = granted.value
                 log.info(
                     "status sync active",
                     extra={"event": Event.STATUS_SYNC_ACTIVE, "holder": self.holder},
                 )
                 self.active = True
-                delay = 1.0
+                backoff.reset()
                 await self._active(held, stopping)
             except StoreError as exc:
                 log.warning(
@@ -96,9 +103,7 @@ class StatusSync:
                 self.active = False
                 if held is not None:
                     await held.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
-            delay = min(delay * 2, 10.0)
+            await backoff.sleep(stopping)
 
     def _on_outcomes(self, payload: str) -> None:
         with contextlib.suppress(ValueError, KeyError, TypeError):
@@ -111,8 +116,7 @@ class StatusSync:
             self.store.listen(Channel.OUTCOMES, self._on_outcomes, ready), name="sync-listen"
         )
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ready.wait(), 5)
+            await sleep_unless(LISTEN_READY_SECONDS, ready)
             next_sweep = 0.0
             loop = asyncio.get_running_loop()
             while not stopping.is_set():
@@ -126,14 +130,7 @@ class StatusSync:
                 self._wake.clear()
                 if ids:
                     await self.sync_records(await self.store.publishes_by_id(sorted(ids)))
-                waiters = {
-                    asyncio.ensure_future(self._wake.wait()),
-                    asyncio.ensure_future(stopping.wait()),
-                }
-                timeout = max(0.0, next_sweep - loop.time())
-                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                for waiter in waiters:
-                    waiter.cancel()
+                await sleep_unless(next_sweep - loop.time(), self._wake, stopping)
         finally:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)

@@ -1,7 +1,9 @@
 """The ``schedlock sidecar`` process: settings -> database -> one elector per lock key.
 
-Tasks are supervised in one TaskGroup; SIGTERM/SIGINT start a staged shutdown (stop claiming,
-finish or abandon in-flight deliveries within the grace, unlock, exit 0).  A database that is
+The electors run under one supervisor (``schedlock.core.aio``: every failure logged, the first
+ends the process if fatal); SIGTERM/SIGINT start a staged shutdown (stop claiming, finish or
+abandon in-flight deliveries within the grace, unlock, exit 0) that is cut off a lease after
+the grace at the latest.  A database that is
 down at start — or unreachable, refusing the credentials, lacking privileges, or migrated by a
 newer schedlock — is retried with backoff while /readyz says why: no crash loop, recovery
 without a restart.  Errors that make running unsafe (a transaction-mode pooler, a lock key
@@ -21,14 +23,14 @@ import random
 import signal
 import sys
 
-from schedlock.core import logs
+from schedlock.core.aio import Supervisor
 from schedlock.core.logs import Event
 from schedlock.core.probes import serve
-from schedlock.core.settings import add_arguments, build
+from schedlock.core.settings import add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.http import build_app
-from schedlock.sidecar.lock import FATAL, KeyElector, first_leaf
+from schedlock.sidecar.lock import FATAL, RETRIED, KeyElector
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.sidecar.target import TargetWatch, Thresholds, derive_check
@@ -178,9 +180,7 @@ class Sidecar:
                     self.store,
                     LockKey(scheduler, s.namespace, s.target),
                     holder=s.holder_name,
-                    lease_seconds=s.lease_seconds,
-                    heartbeat_seconds=s.heartbeat_seconds,
-                    step_down_after=s.step_down_after,
+                    timings=s.timings,
                     metrics=self.metrics,
                     work=firer,
                     app=self.app,
@@ -189,31 +189,30 @@ class Sidecar:
                 )
                 for scheduler in s.scheduler_names
             ]
-            try:
-                async with asyncio.TaskGroup() as group:
-                    for elector in self.electors:
-                        group.create_task(elector.run(self.stopping), name=f"elector:{elector.key}")
-            except BaseExceptionGroup as group:
-                raise first_leaf(group) from None
+            # A staged stop: each elector ends its term (in-flight deliveries get the grace),
+            # then unlocks; one that has not stopped a lease after the grace is cancelled (its
+            # session ends with the process, and with it the lock).
+            async with Supervisor(
+                "electors",
+                stopping=self.stopping,
+                stop_timeout=s.shutdown_grace_seconds + s.lease_seconds,
+                expected=RETRIED,
+                logger=log,
+            ) as electors:
+                for elector in self.electors:
+                    electors.start(f"elector:{elector.key}", elector.run(self.stopping))
         log.info("sidecar stopped", extra={"event": Event.SIDECAR_STOPPED})
         return 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "sidecar",
-        help="run the lock-guarded scheduler loops next to an app container",
-        description=(
-            "Compete with the other replicas of this app for the lock of each scheduler key "
-            "(publish, recurring) x namespace x target; the leader claims due rows and POSTs "
-            "them to the app. Every flag can also be set by its SCHEDLOCK_* variable."
-        ),
+        SidecarSettings,
+        lambda settings, _args: asyncio.run(Sidecar(settings).run()),
+        summary="run the lock-guarded scheduler loops next to an app container",
+        description="Compete with the other replicas of this app for the lock of each "
+        "scheduler key (publish, recurring) x namespace x target; the leader claims due rows "
+        "and POSTs them to the app.",
     )
-    add_arguments(parser, SidecarSettings)
-    parser.set_defaults(command=command, command_name="sidecar")
-
-
-def command(args: argparse.Namespace) -> int:
-    settings = build(SidecarSettings, args)
-    logs.configure(settings.log_level, settings.log_format)
-    return asyncio.run(Sidecar(settings).run())

@@ -27,7 +27,7 @@ import hashlib
 import hmac
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import aiohttp
@@ -82,24 +82,17 @@ def sign(secret: bytes, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={mac}"
 
 
+@dataclass(eq=False)
 class Deliverer:
     """One aiohttp session per sidecar process, connection pool bounded by the concurrency."""
 
-    def __init__(
-        self,
-        target_url: str,
-        *,
-        timeout_seconds: float,
-        concurrency: int,
-        signing_secret: bytes | None = None,
-        holder: str = "",
-    ) -> None:
-        self.target_url = target_url
-        self.timeout_seconds = timeout_seconds
-        self.concurrency = concurrency
-        self.signing_secret = signing_secret
-        self.holder = holder
-        self._session: aiohttp.ClientSession | None = None
+    target_url: str
+    _: KW_ONLY
+    timeout_seconds: float
+    concurrency: int
+    signing_secret: bytes | None = None
+    holder: str = ""
+    _session: aiohttp.ClientSession | None = field(default=None, init=False)
 
     async def __aenter__(self) -> Deliverer:
         self._session = aiohttp.ClientSession(

@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from schedlock.core.aio import sleep_unless
 from schedlock.core.identities import Scheduler, slot_uid
 from schedlock.core.logs import Event
 from schedlock.core.scheduling import (
@@ -55,25 +56,17 @@ class FiringOptions:
     shutdown_grace_seconds: float
 
 
+@dataclass(eq=False)
 class Firer:
     """``LeaderWork`` for one key: called by the elector each time this replica leads."""
 
-    def __init__(
-        self,
-        store: Store,
-        deliverer: Deliverer,
-        metrics: SidecarMetrics,
-        options: FiringOptions,
-        *,
-        app: TargetWatch,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.store = store
-        self.deliverer = deliverer
-        self.app = app
-        self.metrics = metrics
-        self.options = options
-        self.rng = rng or random.Random()
+    store: Store
+    deliverer: Deliverer
+    metrics: SidecarMetrics
+    options: FiringOptions
+    _: KW_ONLY
+    app: TargetWatch
+    rng: random.Random = field(default_factory=random.Random)
 
     async def __call__(self, leadership: Leadership, stopping: asyncio.Event) -> None:
         await _Term(self, leadership, stopping).run()
@@ -84,25 +77,27 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
+@dataclass(eq=False)
 class _Term:
     """State of one leadership term: in-flight deliveries, pending outcomes, wake-ups."""
 
-    def __init__(self, firer: Firer, leadership: Leadership, stopping: asyncio.Event) -> None:
-        self.firer = firer
-        self.opts = firer.options
-        self.leadership = leadership
-        self.session = leadership.session
-        self.key = leadership.key
-        self.term = leadership.term
-        self.stopping = stopping
+    firer: Firer
+    leadership: Leadership
+    stopping: asyncio.Event
+    inflight: set[asyncio.Task[None]] = field(default_factory=set)
+    pending: list[Completion] = field(default_factory=list)
+    flush: asyncio.Event = field(default_factory=asyncio.Event)
+    flush_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a batch is never cut in half
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    slot_freed: asyncio.Event = field(default_factory=asyncio.Event)
+    clock_offset: timedelta = timedelta(0)  # database clock minus local clock, from the last claim
+
+    def __post_init__(self) -> None:
+        self.opts = self.firer.options
+        self.session = self.leadership.session
+        self.key = self.leadership.key
+        self.term = self.leadership.term
         self.labels = (self.key.scheduler, self.key.namespace, self.key.target)
-        self.inflight: set[asyncio.Task[None]] = set()
-        self.pending: list[Completion] = []
-        self.flush = asyncio.Event()
-        self.flush_lock = asyncio.Lock()  # a batch being written is never cut in half
-        self.wake = asyncio.Event()
-        self.slot_freed = asyncio.Event()
-        self.clock_offset = timedelta(0)  # database clock minus local clock, from the last claim
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -166,24 +161,11 @@ class _Term:
             if limit > 0 and len(claim.rows) == limit:
                 continue  # more may be due right now
             if limit == 0:
-                await self._sleep(wait, self.slot_freed)
+                await sleep_unless(wait, self.slot_freed, self.stopping)
                 continue
             if claim.next_due_in is not None:
                 wait = min(wait, max(claim.next_due_in, 0.0005 if not claim.rows else 0.0))
-            await self._sleep(wait, self.wake)
-
-    async def _sleep(self, seconds: float, event: asyncio.Event) -> None:
-        if seconds <= 0:
-            return
-        waiters = {
-            asyncio.ensure_future(event.wait()),
-            asyncio.ensure_future(self.stopping.wait()),
-        }
-        try:
-            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+            await sleep_unless(wait, self.wake, self.stopping)
 
     async def _listen(self) -> None:
         """NOTIFY wake-ups on the lock session itself (no session of their own); a failure

@@ -88,18 +88,18 @@ Invariants (docs/architecture.md, "Leadership: the state machine"):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from schedlock.core.aio import Backoff, Supervisor, now, sleep_unless, unless_set
 from schedlock.core.logs import Event
+from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.metrics import SidecarMetrics
-from schedlock.sidecar.reserve import grace, next_check_in, refused_backoff, with_jitter
+from schedlock.sidecar.reserve import grace, next_check_in, refused_backoff
 from schedlock.store import (
     ConnectionsExhausted,
     LeadershipLost,
@@ -118,6 +118,11 @@ log = logging.getLogger("schedlock.lock")
 
 # Errors that no retry can fix: the process must stop and say why.
 FATAL = (UnsafeConnection, LockKeyCollision, UnlockFailed)
+# Errors that end a session, not the process: reconnect (with back-off).
+RETRIED = (StoreUnavailable, LeadershipLost, StoreError)
+# Reconnecting after a lost session: 0.2 s doubling to 5 s (with jitter).
+RECONNECT_FIRST = 0.2
+RECONNECT_CAP = 5.0
 
 
 class Role(enum.Enum):
@@ -141,11 +146,12 @@ class Leadership:
     session: LockSession
     term: int
     step_down_after: float
-    last_heartbeat_ok: float  # time.monotonic() of the last successful heartbeat
+    last_heartbeat_ok: float  # clock() of the last successful heartbeat
+    clock: Callable[[], float] = now
 
     def lease_ok(self) -> bool:
         """False once no heartbeat succeeded within lease minus margin (e.g. after a freeze)."""
-        return time.monotonic() - self.last_heartbeat_ok < self.step_down_after
+        return self.clock() - self.last_heartbeat_ok < self.step_down_after
 
 
 LeaderWork = Callable[[Leadership, asyncio.Event], Awaitable[None]]
@@ -167,56 +173,42 @@ class _Turns:
     """A reserve's last view of its roster, to place its next check (``schedlock.sidecar.reserve``)."""
 
     db_now: float  # database clock at the last roster read
-    at: float  # time.monotonic() of that read
+    at: float  # clock() of that read
     rank: int
     reserves: int
 
 
+@dataclass(eq=False)
 class KeyElector:
-    """Runs the state machine for one key until ``stopping`` is set, calling ``work`` as leader."""
+    """Runs the state machine for one key until ``stopping`` is set, calling ``work`` as leader.
 
-    def __init__(
-        self,
-        store: Store,
-        key: LockKey,
-        *,
-        holder: str,
-        lease_seconds: float,
-        heartbeat_seconds: float,
-        step_down_after: float,
-        metrics: SidecarMetrics,
-        work: LeaderWork,
-        app: AppPresence,
-        standbys: int = 2,
-        reserve_check_seconds: float = 5.0,
-        rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float, asyncio.Event, asyncio.Event], Awaitable[None]] | None = None,
-    ) -> None:
-        self.store = store
-        self.key = key
-        self.holder = holder
-        self.lease_seconds = lease_seconds
-        self.heartbeat_seconds = heartbeat_seconds
-        self.step_down_after = step_down_after
-        self.metrics = metrics
-        self.work = work
-        self.app = app
-        self.standbys = standbys
-        self.reserve_check_seconds = reserve_check_seconds
-        self.rng = rng or random.Random()
-        # Injectable so the state machine can be tested on fake time: ``clock`` reads
-        # monotonic seconds, ``sleep(seconds, *events)`` waits that long unless one is set.
-        self.clock = clock
-        self.sleep = sleep or _sleep_unless
-        self.role = Role.DISCONNECTED
-        self.last_error: str | None = None  # why the last session ended (for /readyz)
-        self.refused: str | None = None  # the last refusal for lack of slots, until a connect
-        self.next_check_at: float | None = None  # clock() of a reserve's next check
-        self._turns: _Turns | None = None
-        self._refused_backoff: float | None = None
-        self.labels = (key.scheduler, key.namespace, key.target)
-        metrics.init_key(*self.labels)
+    ``clock`` and ``sleep(seconds, *events)`` (wait that long unless one is set) are the
+    running loop's by default; a test passes fake ones, or runs on a virtual-time loop.
+    """
+
+    store: Store
+    key: LockKey
+    holder: str
+    timings: LeaseTimings  # the lease, the heartbeat and the step-down, derived in one place
+    metrics: SidecarMetrics
+    work: LeaderWork
+    app: AppPresence
+    standbys: int = 2
+    reserve_check_seconds: float = 5.0
+    rng: random.Random = field(default_factory=random.Random)
+    clock: Callable[[], float] = now
+    sleep: Callable[..., Awaitable[object]] = sleep_unless
+    role: Role = field(default=Role.DISCONNECTED, init=False)
+    last_error: str | None = field(default=None, init=False)  # why the last session ended
+    refused: str | None = field(default=None, init=False)  # the last refusal, until a connect
+    next_check_at: float | None = field(default=None, init=False)  # a reserve's next check
+    _turns: _Turns | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.labels = (self.key.scheduler, self.key.namespace, self.key.target)
+        self.reconnect = Backoff(RECONNECT_FIRST, RECONNECT_CAP, self.rng)
+        self.refusals = refused_backoff(self.rng)
+        self.metrics.init_key(*self.labels)
 
     @property
     def connected(self) -> bool:
@@ -233,14 +225,15 @@ class KeyElector:
         return self.role in (Role.LEADING, Role.STANDBY, Role.RESERVE, Role.WAITING_FOR_APP)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        backoff = 0.2
         while not stopping.is_set():
             if not self.app.reachable.is_set():
                 # No session at all while the app is away: a waiter in pg_advisory_lock could
                 # be granted leadership it cannot use.
                 self._set_role(Role.WAITING_FOR_APP)
-                if not await _first(self.app.reachable, stopping) or stopping.is_set():
+                await sleep_unless(None, self.app.reachable, stopping)
+                if stopping.is_set():
                     break
+                continue
             if self.next_check_at is not None:
                 # A reserve: no session until its turn (or its back-off after a refusal).
                 self._set_role(Role.RESERVE)
@@ -252,7 +245,7 @@ class KeyElector:
                 if not self.app.reachable.is_set():
                     continue
                 self.next_check_at = None
-            session = self.store.lock_session(self.key, self.holder, self.lease_seconds)
+            session = self.store.lock_session(self.key, self.holder, self.timings.lease_seconds)
             failed = False
             opened = False
             try:
@@ -261,9 +254,9 @@ class KeyElector:
                 self.metrics.sessions.inc()
                 self.last_error = None
                 self.refused = None
-                self._refused_backoff = None
+                self.refusals.reset()
+                self.reconnect.reset()
                 self.metrics.database_up.set(1)
-                backoff = 0.2
                 if await session.take_standby_place(self.standbys) is None:
                     await self._enlist(session)
                     continue
@@ -272,7 +265,9 @@ class KeyElector:
                     await session.leave_reserves()
                     self._turns = None
                 self._set_role(Role.STANDBY)
-                if await _until(session.acquire(), stopping, self.app.unreachable):
+                if await unless_set(
+                    session.acquire(), stopping, self.app.unreachable, suppress=(StoreError,)
+                ):
                     # The lock is ours: give the standby place back, so a reserve can fill it.
                     await session.leave_standby_place()
                     await self._lead(session, stopping)
@@ -280,7 +275,7 @@ class KeyElector:
                 raise
             except ConnectionsExhausted as exc:
                 self._on_refused(exc)
-            except (StoreUnavailable, LeadershipLost, StoreError) as exc:
+            except RETRIED as exc:
                 failed = True
                 self.last_error = str(exc)
                 if isinstance(exc, StoreUnavailable):
@@ -308,9 +303,7 @@ class KeyElector:
                 break
             if not failed:
                 continue  # a reserve's turn, a refusal's back-off or the app went away
-            delay = backoff * (0.5 + self.rng.random())
-            backoff = min(backoff * 2, 5.0)
-            await self.sleep(delay, stopping, stopping)
+            await self.sleep(self.reconnect.next(), stopping)
 
     async def _enlist(self, session: LockSession) -> None:
         """Every standby place is taken: enlist in the roster, then hold no session until our
@@ -336,8 +329,7 @@ class KeyElector:
         """No slot for us: wait for the later of our next turn and a growing, jittered
         back-off, holding no session — the slots belong to the app as much as to us."""
         self.metrics.refused.inc()
-        self._refused_backoff = refused_backoff(self._refused_backoff)
-        wait = with_jitter(self._refused_backoff, self.rng.random())
+        wait = self.refusals.next()
         if self._turns is not None:
             wait = max(wait, self._next_turn_in(self._turns))
         self.refused = str(exc)
@@ -379,26 +371,25 @@ class KeyElector:
             key=self.key,
             session=session,
             term=start.term,
-            step_down_after=self.step_down_after,
-            last_heartbeat_ok=time.monotonic(),
+            step_down_after=self.timings.step_down_after,
+            last_heartbeat_ok=now(),
         )
         # The term ends gracefully on SIGTERM or when the app stops answering; the work
         # cannot tell the two apart, and need not: both finish or abandon in-flight rows.
         ending = asyncio.Event()
 
         async def end_term() -> None:
-            await _first(stopping, self.app.unreachable)
+            await sleep_unless(None, stopping, self.app.unreachable)
             ending.set()
 
-        try:
-            async with asyncio.TaskGroup() as group:
-                beat = group.create_task(self._heartbeat(leadership), name=f"heartbeat:{self.key}")
-                ender = group.create_task(end_term(), name=f"term-end:{self.key}")
-                await self.work(leadership, ending)
-                beat.cancel()
-                ender.cancel()
-        except BaseExceptionGroup as group:
-            raise first_leaf(group) from None
+        # Every failure of the term is logged (the heartbeat's and the work's both); the first
+        # one ends it and reaches run(), which reconnects.
+        async with Supervisor(f"term:{self.key}", expected=RETRIED, logger=log) as term:
+            beat = term.start(f"heartbeat:{self.key}", self._heartbeat(leadership))
+            ender = term.start(f"term-end:{self.key}", end_term())
+            await self.work(leadership, ending)
+            beat.cancel()
+            ender.cancel()
         # Reached only on a graceful end: the work finished or abandoned its in-flight rows.
         await session.release(leadership.term)
         self._lost("released")
@@ -449,65 +440,19 @@ class KeyElector:
     async def _heartbeat(self, leadership: Leadership) -> None:
         """Prove the session alive; raise LeadershipLost when the lease can't be confirmed."""
         while True:
-            await asyncio.sleep(self.heartbeat_seconds)
-            budget = leadership.last_heartbeat_ok + self.step_down_after - time.monotonic()
+            await asyncio.sleep(self.timings.heartbeat_seconds)
+            budget = leadership.last_heartbeat_ok + leadership.step_down_after - now()
             if budget <= 0:
-                raise LeadershipLost(f"no heartbeat for {self.step_down_after:.1f}s: stepping down")
+                raise LeadershipLost(
+                    f"no heartbeat for {leadership.step_down_after:.1f}s: stepping down"
+                )
             try:
                 beat = await asyncio.wait_for(leadership.session.heartbeat(leadership.term), budget)
             except TimeoutError as exc:
                 raise LeadershipLost(
-                    f"heartbeat did not succeed within {self.step_down_after:.1f}s: stepping down"
+                    f"heartbeat did not succeed within {leadership.step_down_after:.1f}s: stepping down"
                 ) from exc
-            leadership.last_heartbeat_ok = time.monotonic()
+            leadership.last_heartbeat_ok = now()
             self.metrics.backlog.labels(*self.labels).set(beat.backlog)
             self.metrics.oldest_due_age.labels(*self.labels).set(beat.oldest_due_age or 0.0)
             self.metrics.last_tick.labels(*self.labels).set_to_current_time()
-
-
-def first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first real exception inside a (nested) exception group."""
-    first = group.exceptions[0]
-    return first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
-
-
-async def _sleep_unless(seconds: float, *events: asyncio.Event) -> None:
-    """Wait ``seconds`` unless one of ``events`` is set first."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-
-
-async def _first(*events: asyncio.Event) -> bool:
-    """Wait until one of ``events`` is set; True when it is the first one."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-    return events[0].is_set()
-
-
-async def _until(call: Awaitable[None], *unless: asyncio.Event) -> bool:
-    """Await ``call`` unless one of ``unless`` is set first (then cancel it and return False)."""
-    task = asyncio.ensure_future(call)
-    stops = [asyncio.ensure_future(event.wait()) for event in unless]
-    try:
-        await asyncio.wait({task, *stops}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()  # cancelled from outside (a fatal error elsewhere): never leave it waiting
-        raise
-    finally:
-        for stop in stops:
-            stop.cancel()
-    if task.done():
-        task.result()
-        return True
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, StoreError):
-        await task
-    return False

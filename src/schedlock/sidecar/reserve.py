@@ -31,6 +31,9 @@ on top of a database that is already full.
 from __future__ import annotations
 
 import math
+import random
+
+from schedlock.core.aio import Backoff
 
 JITTER = 0.1
 REFUSED_FIRST = 1.0  # seconds: the first back-off after a refusal (before jitter)
@@ -58,12 +61,8 @@ def grace(interval: float) -> float:
     return max(interval, 5.0)
 
 
-def refused_backoff(previous: float | None) -> float:
-    """The next back-off (before jitter) after a refused connection, given the previous one."""
-    return REFUSED_FIRST if previous is None else min(previous * 2, REFUSED_CAP)
-
-
-def with_jitter(seconds: float, draw: float) -> float:
-    """``seconds`` spread over [0.5, 1.5) of itself by ``draw`` in [0, 1): no two replicas
-    refused at the same moment retry at the same moment."""
-    return seconds * (0.5 + draw)
+def refused_backoff(rng: random.Random) -> Backoff:
+    """The back-off after refused connections: the kit's one policy, from ``REFUSED_FIRST``
+    doubling to ``REFUSED_CAP``, spread by jitter so no two replicas refused at the same moment
+    retry at the same moment."""
+    return Backoff(REFUSED_FIRST, REFUSED_CAP, rng)

@@ -41,13 +41,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from schedlock import __version__
+from schedlock.core.aio import sleep_unless
 from schedlock.core.logs import Event
 from schedlock.sidecar.metrics import SidecarMetrics
 
@@ -148,32 +149,27 @@ async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | N
         return f"{check.url}: {type(exc).__name__}: {exc}"[:300]
 
 
+@dataclass(eq=False)
 class TargetWatch:
     """Checks the app every ``interval`` seconds and tells the electors whether it is there."""
 
-    def __init__(
-        self,
-        check: Check,
-        *,
-        interval: float,
-        timeout: float,
-        thresholds: Thresholds,
-        metrics: SidecarMetrics,
-    ) -> None:
-        self.check = check
-        self.interval = interval
-        self.timeout = timeout
-        self.thresholds = thresholds
-        self.metrics = metrics
-        self.health = Health()
-        self.reason = "not checked yet"  # why the app is unreachable (for /readyz)
-        self.reachable = asyncio.Event()
-        self.unreachable = asyncio.Event()
+    check: Check
+    _: KW_ONLY
+    interval: float
+    timeout: float
+    thresholds: Thresholds
+    metrics: SidecarMetrics
+    health: Health = field(default_factory=Health, init=False)
+    reason: str = field(default="not checked yet", init=False)  # why unreachable (for /readyz)
+    reachable: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    unreachable: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _announced: bool = field(default=False, init=False)  # the current outage was logged
+    _confirming: asyncio.Future[bool] | None = field(default=None, init=False)
+    _session: aiohttp.ClientSession | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
         self.unreachable.set()
-        self._announced = False  # the current outage was logged
-        self._confirming: asyncio.Future[bool] | None = None
-        self._session: aiohttp.ClientSession | None = None
-        metrics.target_up.set(0)
+        self.metrics.target_up.set(0)
 
     @property
     def up(self) -> bool:
@@ -197,8 +193,7 @@ class TargetWatch:
         while not stopping.is_set():
             error = await self._probe()
             self._apply(self.health.observe(error is None, self.thresholds), error)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.interval)
+            await sleep_unless(self.interval, stopping)
 
     def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool:
         return worth_confirming(self.check, connection_lost=connection_lost, status=status)

@@ -12,10 +12,10 @@ have the same ids and order on both dialects.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
+from schedlock.core.aio import Backoff, sleep_unless
 from schedlock.core.logs import Event
 from schedlock.store.contract import HeldLock, LockSession, Store
 from schedlock.store.errors import (
@@ -55,6 +55,9 @@ from schedlock.store.models import (
     TermStart,
     UpsertResult,
 )
+
+SCHEMA_RETRY_FIRST = 0.5  # seconds: waiting for a usable schema, doubling to SCHEMA_RETRY_CAP
+SCHEMA_RETRY_CAP = 10.0
 
 __all__ = [
     "RECORDED_OUTCOMES",
@@ -136,14 +139,16 @@ async def wait_for_schema(
     log: logging.Logger,
     fatal: tuple[type[StoreError], ...] = (),
 ) -> bool:
-    """:func:`ensure_schema` with backoff (0.5 s doubling to 10 s) until it passes or ``stopping``.
+    """:func:`ensure_schema` with the kit's back-off (0.5 s doubling to 10 s, with jitter) until
+    it passes or ``stopping``.
 
     A database that is down, not migrated, newer than this binary or missing privileges never
     ends the process: each failure is logged and handed to ``report`` (the caller's readiness
     reason), and success reports None.  Errors in ``fatal`` propagate.  False when stopped.
     """
-    delay = 0.5
+    backoff = Backoff(SCHEMA_RETRY_FIRST, SCHEMA_RETRY_CAP)
     while not stopping.is_set():
+        delay = round(backoff.next(), 2)
         try:
             await ensure_schema(store, migrate=migrate, component=component)
         except fatal:
@@ -171,9 +176,7 @@ async def wait_for_schema(
         else:
             report(None)
             return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), delay)
-        delay = min(delay * 2, 10.0)
+        await sleep_unless(delay, stopping)
     return False
 
 

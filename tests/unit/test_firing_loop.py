@@ -1,0 +1,282 @@
+"""The leader's firing loop (``schedlock.sidecar.firing``) against a fake lock session and a fake
+app, on virtual time (``testbed.virtual_time``): wake-ups at the due time and on NOTIFY, the
+concurrency bound, the lease check, a graceful stop within the grace, the app away.
+
+``tests/integration/test_delivery.py`` and the e2e tests run the same loop against PostgreSQL
+and a real HTTP app; these pin the loop's decisions and timings exactly, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pytest
+
+from schedlock.core.aio import now
+from schedlock.core.scheduling import AttemptResult
+from schedlock.sidecar.delivery import Delivery
+from schedlock.sidecar.firing import Firer, FiringOptions
+from schedlock.sidecar.lock import Leadership
+from schedlock.sidecar.metrics import SidecarMetrics
+from schedlock.store import ClaimResult, Completion, FireRow, LeadershipLost, LockKey
+from testbed.virtual_time import run
+
+KEY = LockKey("publish", "default", "demo")
+STEP_DOWN = 8.0
+
+
+def row(number: int) -> FireRow:
+    wall = datetime.now(UTC)
+    return FireRow(
+        id=number,
+        uid=f"row-{number}",
+        namespace="default",
+        name=f"row-{number}",
+        target="demo",
+        due_at=wall,
+        payload={},
+        attempt=1,
+        max_attempts=3,
+        backoff_seconds=1.0,
+        starting_deadline_seconds=None,
+        db_now=wall,
+    )
+
+
+@dataclass
+class Rows:
+    """The fake lock session: the key's rows, each due at a virtual time."""
+
+    due: list[tuple[float, FireRow]] = field(default_factory=list)
+    claims: list[tuple[float, int]] = field(default_factory=list)  # (when, limit)
+    completed: list[tuple[float, Completion]] = field(default_factory=list)
+    notify: Callable[[str], None] | None = None
+
+    def add(self, number: int, in_seconds: float = 0.0) -> None:
+        self.due.append((now() + in_seconds, row(number)))
+
+    async def adopt_orphans(self, term: int) -> list[FireRow]:
+        return []
+
+    async def claim_due(self, term: int, limit: int) -> ClaimResult:
+        self.claims.append((now(), limit))
+        ready = sorted((r for r in self.due if r[0] <= now()), key=lambda r: r[0])[:limit]
+        self.due = [r for r in self.due if r not in ready]
+        later = [at - now() for at, _ in self.due]
+        return ClaimResult([r for _, r in ready], min(later) if later else None)
+
+    async def complete(self, term: int, completions: list[Completion]) -> int:
+        self.completed.extend((now(), c) for c in completions)
+        return len(completions)
+
+    async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
+        self.notify = on_payload
+
+    def outcomes(self) -> dict[int, str]:
+        return {c.id: c.outcome for _, c in self.completed}
+
+
+@dataclass
+class App:
+    """The deliveries' target: each takes ``takes`` seconds and answers ``status``."""
+
+    takes: float = 0.0
+    status: int = 200
+    up: bool = True
+    reason: str = "connection refused"
+    started: list[tuple[float, int]] = field(default_factory=list)  # (when, row id)
+    inflight: int = 0
+    most_inflight: int = 0
+
+    async def deliver(self, fire: FireRow, term: int) -> Delivery:
+        self.started.append((now(), fire.id))
+        self.inflight += 1
+        self.most_inflight = max(self.most_inflight, self.inflight)
+        try:
+            await asyncio.sleep(self.takes)
+        finally:
+            self.inflight -= 1
+        return Delivery(AttemptResult(status=self.status))
+
+    def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool:
+        return False
+
+    async def confirm(self, failure: str = "") -> bool:
+        return self.up
+
+
+@dataclass
+class Term:
+    rows: Rows
+    app: App
+    leadership: Leadership
+    stopping: asyncio.Event
+    task: asyncio.Task[None]
+    beating: asyncio.Task[None] | None
+
+    async def stop(self) -> float:
+        """SIGTERM (or the app gone): the virtual seconds the term took to end."""
+        stopped_at = now()
+        self.stopping.set()
+        await asyncio.wait_for(self.task, 60)
+        if self.beating is not None:
+            self.beating.cancel()
+        return now() - stopped_at
+
+
+def start(
+    rows: Rows,
+    app: App,
+    *,
+    concurrency: int = 10,
+    poll: float = 60.0,
+    grace: float = 10.0,
+    beating: bool = True,
+) -> Term:
+    """A term of the loop; ``beating``: with the elector's heartbeats confirming the lease."""
+    options = FiringOptions(
+        batch_size=10, concurrency=concurrency, poll_seconds=poll, shutdown_grace_seconds=grace
+    )
+    firer = Firer(None, app, SidecarMetrics(), options, app=app)  # type: ignore[arg-type]
+    leadership = Leadership(
+        key=KEY,
+        session=rows,  # type: ignore[arg-type]
+        term=3,
+        step_down_after=STEP_DOWN,
+        last_heartbeat_ok=now(),
+    )
+    stopping = asyncio.Event()
+    task = asyncio.create_task(firer(leadership, stopping), name="term-under-test")
+    beat = asyncio.create_task(heartbeats(leadership)) if beating else None
+    return Term(rows, app, leadership, stopping, task, beat)
+
+
+async def heartbeats(leadership: Leadership) -> None:
+    """What the elector's heartbeat does for the loop: keep the lease confirmed."""
+    while True:
+        await asyncio.sleep(3)
+        leadership.last_heartbeat_ok = now()
+
+
+async def settle() -> None:
+    await asyncio.sleep(0.001)
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+
+def test_rows_fire_at_their_due_time_not_at_the_poll() -> None:
+    async def body() -> None:
+        rows, app = Rows(), App()
+        t0 = now()
+        rows.add(1)
+        rows.add(2, in_seconds=30)
+        term = start(rows, app, poll=600)
+        await asyncio.sleep(31)
+        assert [(at - t0, n) for at, n in app.started] == [(0, 1), (30, 2)]
+        assert rows.outcomes() == {1: "published", 2: "published"}
+        assert len(rows.claims) <= 5, "a timer to the next due row: no polling in between"
+        await term.stop()
+
+    run(body())
+
+
+def test_notify_for_this_key_wakes_the_loop_at_once_and_others_do_not() -> None:
+    async def body() -> None:
+        rows, app = Rows(), App()
+        term = start(rows, app, poll=STEP_DOWN / 2)
+        await asyncio.sleep(1)
+        claims = len(rows.claims)
+        rows.add(1)
+        assert rows.notify is not None
+        rows.notify("publish/default/other")
+        await settle()
+        assert len(rows.claims) == claims and app.started == [], "not our key: no wake-up"
+        woken = now()
+        rows.notify("publish/default/demo")
+        await settle()
+        assert [(round(at - woken, 3), n) for at, n in app.started] == [(0, 1)]
+        await term.stop()
+
+    run(body())
+
+
+def test_claims_never_exceed_the_free_delivery_slots() -> None:
+    async def body() -> None:
+        rows, app = Rows(), App(takes=1.0)
+        t0 = now()
+        for number in range(5):
+            rows.add(number)
+        term = start(rows, app, concurrency=2)
+        await asyncio.sleep(3.5)
+        assert app.most_inflight == 2
+        assert all(limit <= 2 for _, limit in rows.claims)
+        assert sorted(round(at - t0, 3) for at, _ in app.started) == [0, 0, 1, 1, 2]
+        assert len(rows.outcomes()) == 5
+        await term.stop()
+
+    run(body())
+
+
+def test_without_heartbeats_the_loop_steps_down_and_sends_nothing() -> None:
+    async def body() -> None:
+        rows, app = Rows(), App()
+        t0 = now()
+        rows.add(1, in_seconds=10)
+        term = start(rows, app, beating=False)
+        with pytest.raises(LeadershipLost):
+            await asyncio.wait_for(term.task, 60)
+        assert now() - t0 == pytest.approx(10), "found at the next wake-up (the row's timer)"
+        assert app.started == [] and rows.completed == [], "the row stays for the next term"
+
+    run(body())
+
+
+def test_with_heartbeats_the_same_row_is_sent() -> None:
+    async def body() -> None:
+        rows, app = Rows(), App()
+        rows.add(1, in_seconds=10)
+        term = start(rows, app)
+        await asyncio.sleep(11)
+        assert rows.outcomes() == {1: "published"}
+        await term.stop()
+
+    run(body())
+
+
+@pytest.mark.parametrize(
+    ("takes", "ends_after", "outcomes"),
+    [
+        (5.0, 4.0, {1: "published"}),  # waited for the delivery, not for the whole grace
+        (20.0, 10.0, {}),  # cut at the grace: left 'firing', re-fired with the same key
+    ],
+)
+def test_a_graceful_stop_lets_in_flight_deliveries_finish_within_the_grace(
+    takes: float, ends_after: float, outcomes: dict[int, str]
+) -> None:
+    async def body() -> None:
+        rows, app = Rows(), App(takes=takes)
+        rows.add(1)
+        term = start(rows, app, grace=10.0)
+        await asyncio.sleep(1)
+        assert await term.stop() == pytest.approx(ends_after)
+        assert rows.outcomes() == outcomes
+
+    run(body())
+
+
+def test_while_the_app_is_away_rows_go_back_unsent() -> None:
+    async def body() -> None:
+        rows, app = Rows(), App(up=False)
+        rows.add(1)
+        term = start(rows, app)
+        await asyncio.sleep(1)
+        assert app.started == []
+        [(_, completion)] = rows.completed
+        assert (completion.outcome, completion.sent) == ("retry", False)
+        await term.stop()
+
+    run(body())

@@ -1,0 +1,150 @@
+"""When the status sync (``schedlock.operator.sync``) runs, on virtual time with a fake store:
+a NOTIFY of outcomes is synced at once — not at the next sweep — the sweep comes on its
+interval, a lost session is retried with the kit's back-off, and a stop while waiting for the
+sync lock returns at once.  (``tests/e2e/test_operator.py`` checks the statuses themselves.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from schedlock.core.aio import now
+from schedlock.operator.sync import StatusSync
+from schedlock.store import PublishRecord, StoreUnavailable
+from testbed.virtual_time import run
+
+SWEEP = 30.0
+
+
+@dataclass
+class Held:
+    pings: list[float] = field(default_factory=list)
+    closed: bool = False
+    fail_ping: bool = False
+
+    async def ping(self) -> None:
+        self.pings.append(now())
+        if self.fail_ping:
+            raise StoreUnavailable("the sync's session ended")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class Store:
+    """The operator's store as the sync uses it; ``granted`` gates the sync lock."""
+
+    granted: asyncio.Event = field(default_factory=asyncio.Event)
+    held: list[Held] = field(default_factory=list)
+    notify: Callable[[str], None] | None = None
+    sweeps: list[float] = field(default_factory=list)
+    reads: list[tuple[float, list[int]]] = field(default_factory=list)
+    fail_next_ping: bool = False
+
+    async def hold_lock(self, objid: int, holder: str) -> Held:
+        await self.granted.wait()
+        self.held.append(Held(fail_ping=self.fail_next_ping))
+        self.fail_next_ping = False
+        return self.held[-1]
+
+    async def listen(
+        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+    ) -> None:
+        self.notify = on_payload
+        if ready is not None:
+            ready.set()
+        await asyncio.get_running_loop().create_future()  # listens until cancelled
+
+    async def changed_since(
+        self, watermark: datetime | None
+    ) -> tuple[list[PublishRecord], datetime]:
+        self.sweeps.append(now())
+        return [], datetime.now(UTC)
+
+    async def publishes_by_id(self, ids: list[int]) -> list[PublishRecord]:
+        self.reads.append((now(), ids))
+        return []
+
+
+class NoApi:
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        raise AssertionError("nothing to patch")
+
+    async def post_event(
+        self, obj: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        raise AssertionError("nothing to post")
+
+
+def start(store: Store, stopping: asyncio.Event) -> tuple[StatusSync, asyncio.Task[None]]:
+    sync = StatusSync(store, NoApi(), sweep_seconds=SWEEP, holder="op")  # type: ignore[arg-type]
+    return sync, asyncio.create_task(sync.run(stopping))
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    async with asyncio.timeout(120):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def test_outcomes_are_synced_on_notify_at_once_and_swept_on_the_interval() -> None:
+    async def body() -> None:
+        store, stopping = Store(), asyncio.Event()
+        store.granted.set()
+        sync, task = start(store, stopping)
+        await until(lambda: sync.active and store.notify is not None and bool(store.sweeps))
+        t0 = store.sweeps[0]
+        await asyncio.sleep(1)
+        assert store.notify is not None
+        notified_at = now()
+        store.notify(json.dumps({"ids": [7, 3]}))
+        await until(lambda: bool(store.reads))
+        assert store.reads == [(notified_at, [3, 7])], "synced when notified, not at the sweep"
+        store.notify("not json")  # ignored, never fatal
+        await asyncio.sleep(SWEEP)
+        assert store.sweeps == [t0, t0 + SWEEP], "and swept on its interval"
+        assert store.held[0].pings == store.sweeps
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+        assert store.held[0].closed and not sync.active
+
+    run(body())
+
+
+def test_a_lost_session_is_retried_after_a_backoff() -> None:
+    async def body() -> None:
+        store, stopping = Store(fail_next_ping=True), asyncio.Event()
+        store.granted.set()
+        _, task = start(store, stopping)
+        await until(lambda: len(store.held) == 2)
+        lost_at = store.held[0].pings[0]
+        # The kit's back-off: 1 s with jitter in [0.5, 1.5), then a new session.
+        assert 0.5 <= store.sweeps[1] - lost_at < 1.5
+        assert store.held[0].closed
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+
+    run(body())
+
+
+def test_a_stop_while_waiting_for_the_sync_lock_returns_at_once() -> None:
+    async def body() -> None:
+        store, stopping = Store(), asyncio.Event()
+        sync, task = start(store, stopping)
+        await asyncio.sleep(60)
+        assert not sync.active and store.held == []
+        stopped_at = now()
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+        assert now() == stopped_at
+
+    run(body())
