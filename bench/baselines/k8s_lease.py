@@ -115,15 +115,15 @@ def main() -> None:
     lock = CountingLeaseLock(args.lease_name, args.lease_namespace, args.name, status)
     leader = Leader(args, status)
     status.update(ready=True, leading=False, api_requests=0)
+    timings = {  # client-go's names for them
+        "lease_duration": args.lease_seconds,
+        "renew_deadline": args.renew_deadline_seconds,
+        "retry_period": args.retry_seconds,
+    }
+    election = electionconfig.Config(
+        lock, onstarted_leading=leader.started, onstopped_leading=leader.stopped, **timings
+    )
     while True:
-        election = electionconfig.Config(
-            lock,
-            lease_duration=args.lease_seconds,
-            renew_deadline=args.renew_deadline_seconds,
-            retry_period=args.retry_seconds,
-            onstarted_leading=leader.started,
-            onstopped_leading=leader.stopped,
-        )
         # run() campaigns until it leads, renews until it cannot, then returns: campaign again.
         leaderelection.LeaderElection(election).run()
 

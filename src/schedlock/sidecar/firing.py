@@ -40,10 +40,26 @@ from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.target import TargetWatch
-from schedlock.store import Channel, Completion, FireRow, LeadershipLost, Store, StoreError
+from schedlock.store import (
+    Channel,
+    Completion,
+    DueSchedule,
+    FireRow,
+    LeadershipLost,
+    Store,
+    StoreError,
+)
 
 log = logging.getLogger("schedlock.firing")
 
+# What each event of a term says (the record also carries ``event`` and ``key``).
+SAID = {
+    Event.LISTEN_FAILED: "listen failed, relying on timers",
+    Event.SCHEDULE_UNPARSABLE: "schedule cannot be parsed, retrying in an hour",
+    Event.SLOTS_SKIPPED: "skipped recurring slots after downtime",
+    Event.DELIVERY_NOT_PUBLISHED: "delivery not published",
+    Event.ROW_RETURNED: "row returned, app unreachable",
+}
 BAD_SCHEDULE_RETRY = timedelta(hours=1)
 SCHEDULES_PER_WAKE = 100
 
@@ -98,6 +114,13 @@ class _Term:
         self.key = self.leadership.key
         self.term = self.leadership.term
         self.labels = (self.key.scheduler, self.key.namespace, self.key.target)
+
+    def _say(self, level: int, event: Event, **fields: object) -> None:
+        """Log ``event`` of this term: its message (``SAID``), the key and ``fields``."""
+        log.log(level, SAID[event], extra={"event": event, "key": str(self.key), **fields})
+
+    def _say_schedule(self, level: int, event: Event, due: DueSchedule, **fields: object) -> None:
+        self._say(level, event, uid=due.uid, schedule=due.name, **fields)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -179,10 +202,7 @@ class _Term:
         try:
             await self.session.listen(Channel.ROWS, on_payload)
         except StoreError as exc:
-            log.warning(
-                "listen failed, relying on timers",
-                extra={"event": Event.LISTEN_FAILED, "key": str(self.key), "error": str(exc)},
-            )
+            self._say(logging.WARNING, Event.LISTEN_FAILED, error=str(exc))
         # Listening from now on: claim again, for rows that became due before LISTEN.
         self.wake.set()
 
@@ -194,15 +214,7 @@ class _Term:
             try:
                 schedule = parse_schedule(due.expression, due.time_zone)
             except ScheduleError as exc:
-                log.error(
-                    "schedule cannot be parsed, retrying in an hour",
-                    extra={
-                        "event": Event.SCHEDULE_UNPARSABLE,
-                        "uid": due.uid,
-                        "schedule": due.name,
-                        "error": str(exc),
-                    },
-                )
+                self._say_schedule(logging.ERROR, Event.SCHEDULE_UNPARSABLE, due, error=str(exc))
                 await self.session.advance_schedule(
                     self.term,
                     due.id,
@@ -219,15 +231,7 @@ class _Term:
                     self.term, due.id, slot_uid(due.uid, plan.fire), plan.fire
                 )
             if plan.skipped:
-                log.warning(
-                    "skipped recurring slots after downtime",
-                    extra={
-                        "event": Event.SLOTS_SKIPPED,
-                        "uid": due.uid,
-                        "schedule": due.name,
-                        "skipped": plan.skipped,
-                    },
-                )
+                self._say_schedule(logging.WARNING, Event.SLOTS_SKIPPED, due, skipped=plan.skipped)
             await self.session.advance_schedule(
                 self.term,
                 due.id,
@@ -312,25 +316,19 @@ class _Term:
         )
         metrics.fires.labels(*self.labels, decision.outcome.value).inc()
         if decision.outcome is not Outcome.PUBLISHED:
-            log.info(
-                "delivery not published",
-                extra={
-                    "event": Event.DELIVERY_NOT_PUBLISHED,
-                    "key": str(self.key),
-                    "uid": row.uid,
-                    "attempt": row.attempt,
-                    "outcome": decision.outcome.value,
-                    "error": decision.error,
-                },
+            self._say(
+                logging.INFO,
+                Event.DELIVERY_NOT_PUBLISHED,
+                uid=row.uid,
+                attempt=row.attempt,
+                outcome=decision.outcome.value,
+                error=decision.error,
             )
 
     def _return_unsent(self, row: FireRow, error: str) -> None:
         """Back to ``scheduled``, due as it was, its attempt not counted: the app was away."""
         self._record(Completion(row.id, Outcome.RETRY.value, error=error, sent=False))
-        log.info(
-            "row returned, app unreachable",
-            extra={"event": Event.ROW_RETURNED, "key": str(self.key), "uid": row.uid},
-        )
+        self._say(logging.INFO, Event.ROW_RETURNED, uid=row.uid)
 
     def _record(self, completion: Completion) -> None:
         self.pending.append(completion)

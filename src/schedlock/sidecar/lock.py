@@ -134,6 +134,15 @@ class Role(enum.Enum):
     RELEASED = "released"
 
 
+# What each event of a key's leadership says (the record also carries ``event`` and ``key``).
+SAID = {
+    Event.LOCK_SESSION_LOST: "lock session lost, reconnecting",
+    Event.CONNECTIONS_REFUSED: "database refused a connection for lack of slots, backing off",
+    Event.LEADERSHIP_ACQUIRED: "acquired leadership",
+    Event.LEADERSHIP_RELEASED: "released leadership",
+    Event.LEADERSHIP_HANDED_OVER: "app unreachable: handed leadership over",
+}
+
 # The role each state exports as ``schedlock_role`` (the others export none).
 ROLE_LABELS = {Role.LEADING: "leader", Role.STANDBY: "standby", Role.RESERVE: "reserve"}
 
@@ -281,16 +290,7 @@ class KeyElector:
                 if isinstance(exc, StoreUnavailable):
                     self.metrics.database_up.set(0)
                 level = logging.WARNING if self.role is Role.LEADING else logging.INFO
-                log.log(
-                    level,
-                    "lock session lost, reconnecting",
-                    extra={
-                        "event": Event.LOCK_SESSION_LOST,
-                        "key": str(self.key),
-                        "role": self.role.value,
-                        "error": str(exc),
-                    },
-                )
+                self._say(level, Event.LOCK_SESSION_LOST, role=self.role.value, error=str(exc))
             finally:
                 if self.role is Role.LEADING:
                     self._lost()
@@ -335,15 +335,13 @@ class KeyElector:
         self.refused = str(exc)
         self.next_check_at = self.clock() + wait
         self._set_role(Role.RESERVE)
-        log.warning(
-            "database refused a connection for lack of slots, backing off",
-            extra={
-                "event": Event.CONNECTIONS_REFUSED,
-                "key": str(self.key),
-                "error": str(exc),
-                "retry_in_s": round(wait, 2),
-            },
+        self._say(
+            logging.WARNING, Event.CONNECTIONS_REFUSED, error=str(exc), retry_in_s=round(wait, 2)
         )
+
+    def _say(self, level: int, event: Event, **fields: object) -> None:
+        """Log ``event`` of this key: its message (``SAID``), the key and ``fields``."""
+        log.log(level, SAID[event], extra={"event": event, "key": str(self.key), **fields})
 
     def _set_role(self, role: Role) -> None:
         self.role = role
@@ -395,28 +393,13 @@ class KeyElector:
         self._lost("released")
         if stopping.is_set():
             self._set_role(Role.RELEASED)
-            log.info(
-                "released leadership",
-                extra={
-                    "event": Event.LEADERSHIP_RELEASED,
-                    "key": str(self.key),
-                    "term": leadership.term,
-                },
-            )
+            self._say(logging.INFO, Event.LEADERSHIP_RELEASED, term=leadership.term)
         else:
             self._handed_over(leadership.term)
 
     def _handed_over(self, term: int | None) -> None:
         self._set_role(Role.WAITING_FOR_APP)
-        log.warning(
-            "app unreachable: handed leadership over",
-            extra={
-                "event": Event.LEADERSHIP_HANDED_OVER,
-                "key": str(self.key),
-                "term": term,
-                "error": self.app.reason,
-            },
-        )
+        self._say(logging.WARNING, Event.LEADERSHIP_HANDED_OVER, term=term, error=self.app.reason)
 
     def _acquired(self, start: TermStart) -> None:
         self.metrics.leader.labels(*self.labels).set(1)
@@ -425,16 +408,14 @@ class KeyElector:
         self.metrics.last_tick.labels(*self.labels).set_to_current_time()
         if start.gap_seconds is not None and start.term > 1:
             self.metrics.handover_gap.labels(*self.labels).observe(max(0.0, start.gap_seconds))
-        log.info(
-            "acquired leadership",
-            extra={
-                "event": Event.LEADERSHIP_ACQUIRED,
-                "key": str(self.key),
-                "term": start.term,
-                "previous_holder": start.previous_holder,
-                "previous_released": start.previous_released,
-                "gap_ms": None if start.gap_seconds is None else round(start.gap_seconds * 1000, 1),
-            },
+        gap = start.gap_seconds
+        self._say(
+            logging.INFO,
+            Event.LEADERSHIP_ACQUIRED,
+            term=start.term,
+            previous_holder=start.previous_holder,
+            previous_released=start.previous_released,
+            gap_ms=None if gap is None else round(gap * 1000, 1),
         )
 
     async def _heartbeat(self, leadership: Leadership) -> None:
