@@ -191,9 +191,9 @@ def table(doc: dict[str, Any]) -> str:
     for label, key, what in (
         ("failover SIGKILL, ms", "failover_sigkill_ms", "kill"),
         ("failover SIGSTOP, ms", "failover_sigstop_ms", "freeze"),
+        ("hand-over SIGTERM, ms", "handover_sigterm_ms", "hand-over"),
     ):
         rows.append([label, *(_failover_cell(_get(doc, key, s), s, what) for s in SYSTEMS)])
-    per_system("hand-over SIGTERM, ms", "handover_sigterm_ms")
     per_system("lateness, ms", "lateness_ms")
     per_system("throughput, fires/s", "throughput_fires_per_s")
     rows.append(
@@ -237,7 +237,6 @@ def table(doc: dict[str, Any]) -> str:
     for index, row in enumerate(rows):
         if index > 0 and row[0] == "hand-over SIGTERM, ms":
             row[2] = row[3] = "n/a (no hand-over)"
-            row[4] = "not run (River resigns on SIGTERM; see docs/performance.md)"
             row[5] = "n/a (no leader)"
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]

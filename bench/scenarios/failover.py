@@ -262,6 +262,7 @@ def caps(ctx: Context) -> dict[tuple[str, str], float]:
         ("failover_sigkill_ms", "k8s_lease"): p.baseline_gap_cap_s,
         ("failover_sigstop_ms", "k8s_lease"): p.baseline_gap_cap_s,
         ("failover_sigkill_ms", "river"): p.baseline_gap_cap_s,
+        ("handover_sigterm_ms", "river"): p.baseline_gap_cap_s,
         ("failover_sigstop_ms", "river"): p.baseline_gap_cap_s,
         ("failover_sigkill_ms", "procrastinate"): p.peer_no_leader_cap_s,
         ("failover_sigstop_ms", "procrastinate"): p.peer_no_leader_cap_s,
@@ -270,9 +271,9 @@ def caps(ctx: Context) -> dict[tuple[str, str], float]:
 
 def _plan(ctx: Context, scenario: str, system: str) -> Plan:
     p = ctx.profile
-    if scenario == "handover_sigterm_ms":
+    if scenario == "handover_sigterm_ms" and system == "schedlock":
         trials = p.sigterm_trials
-    elif scenario == "failover_sigkill_ms":
+    elif scenario in ("failover_sigkill_ms", "handover_sigterm_ms"):  # a peer: as many as kills
         trials = p.sigkill_trials[system]
     else:
         trials = p.sigstop_trials[system]
@@ -299,6 +300,8 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
         for scenario, label in (("failover_sigkill_ms", "kill"), ("failover_sigstop_ms", "stop")):
             if scenario in scenarios:
                 blocks.append((system, label, _plan(ctx, scenario, system)))
+    if "handover_sigterm_ms" in scenarios:  # River resigns on SIGTERM: a hand-over to measure
+        blocks.append(("river", "term", _plan(ctx, "handover_sigterm_ms", "river")))
     if not blocks:
         return
     ctx.say("failover: SIGSTOP trials and the baselines' trials (concurrent phase)")

@@ -23,7 +23,7 @@ ALL = report.SYSTEMS
 DISTRIBUTIONS = {
     "failover_sigkill_ms": ALL,
     "failover_sigstop_ms": ALL,
-    "handover_sigterm_ms": ("schedlock",),
+    "handover_sigterm_ms": ("schedlock", "river"),
     "lateness_ms": ALL,
     "throughput_fires_per_s": ALL,
     "idle_queries_per_s_per_replica": ALL,
