@@ -326,16 +326,18 @@ def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: st
         store = open_store(migrated_database)
         for uid in ("n1", "n2"):
             await store.upsert_publish(spec(uid=uid, due_in=-1))
-        listener = await psycopg.AsyncConnection.connect(migrated_database, autocommit=True)
-        await listener.execute(f"LISTEN {Channel.OUTCOMES}")
+        # The operator's own LISTEN (a dedicated session of the store's).
+        notes: asyncio.Queue[str] = asyncio.Queue()
+        ready = asyncio.Event()
+        listener = asyncio.create_task(store.listen(Channel.OUTCOMES, notes.put_nowait, ready))
+        await asyncio.wait_for(ready.wait(), 10)
         session = store.lock_session(KEY, "a", 10)
         await session.connect()
         await session.acquire()
         term = (await session.begin_term()).term
         rows = (await session.claim_due(term, 10)).rows
         await session.complete(term, [Completion(r.id, "published", status=200) for r in rows])
-        note = await asyncio.wait_for(anext(listener.notifies()), 5)
-        payload = json.loads(note.payload)
+        payload = json.loads(await asyncio.wait_for(notes.get(), 5))
         assert payload["term"] == term
         assert (payload["scheduler"], payload["namespace"], payload["target"]) == (
             "publish",
@@ -346,7 +348,8 @@ def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: st
         records = await store.publishes_by_id(payload["ids"])
         assert {r.state for r in records} == {"published"}
         await session.release(term)
-        await listener.close()
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
 
     asyncio.run(run())
 
