@@ -205,14 +205,6 @@ class SidecarSettings(ServiceSettings):
         return LeaseTimings(self.lease_seconds, self.heartbeat_override)
 
     @property
-    def heartbeat_seconds(self) -> float:  # until the elector takes the timings themselves
-        return self.timings.heartbeat_seconds
-
-    @property
-    def step_down_after(self) -> float:  # until the elector takes the timings themselves
-        return self.timings.step_down_after
-
-    @property
     def scheduler_names(self) -> tuple[str, ...]:
         return tuple(Scheduler) if self.schedulers == "both" else (Scheduler(self.schedulers),)
 
