@@ -1,0 +1,48 @@
+"""The store's named queries and migrations as each dialect reads them (no database needed)."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+from schedlock.store import queries
+from schedlock.store.migrations import for_sqlite, migrations
+
+VERB_CALL = re.compile(
+    r"(?:_fetch|_one|_execute|_models|_record|_upsert|fetch|execute)\(\s*(?:[\w.]+,\s*)?\"(\w+)\""
+)
+
+
+def verb_queries() -> set[str]:
+    """Every query name the verbs written once (store/verbs.py) run."""
+    source = resources.files("schedlock.store").joinpath("verbs.py").read_text("utf-8")
+    return set(VERB_CALL.findall(source))
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+def test_every_query_a_verb_runs_exists_in_both_dialects(dialect: str) -> None:
+    names = verb_queries()
+    assert {"begin_term", "heartbeat", "claim_due", "complete", "upsert_publish"} <= names
+    assert names <= queries.load(dialect).keys()
+
+
+def test_shared_queries_reach_psycopg_as_pyformat_outside_strings_and_casts() -> None:
+    assert queries.pyformat("SELECT :a, x::jsonb, ':b', '+00:00', :c_d") == (
+        "SELECT %(a)s, x::jsonb, ':b', '+00:00', %(c_d)s"
+    )
+    shared = queries.load("postgres")["upsert_publish"]
+    assert "%(due_at)s" in shared
+    assert not re.search(r"(?<!:):[a-z_]", shared)
+
+
+def test_sqlite_reads_each_migration_without_postgresql_types() -> None:
+    assert for_sqlite("id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now()") == (
+        "id integer PRIMARY KEY AUTOINCREMENT, at text NOT NULL"
+    )
+    for migration in migrations("sqlite"):
+        assert not re.search(r"timestamptz|jsonb|bigserial|bigint|now\(\)|plpgsql", migration.sql)
+    # PostgreSQL alone gets the NOTIFY triggers, in the same migration.
+    [first] = [m for m in migrations("postgres") if m.id == 1]
+    assert "CREATE TRIGGER schedlock_publishes_notify" in first.sql
