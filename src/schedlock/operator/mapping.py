@@ -18,17 +18,9 @@ from typing import Any
 from schedlock.core import identities
 from schedlock.core.scheduling import ScheduleError, parse_schedule
 from schedlock.operator.crd import DEFAULT_BACKOFF_SECONDS, DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES
-from schedlock.store import PublishRecord, PublishSpec, ScheduleRecord, ScheduleSpec
+from schedlock.store import PublishRecord, PublishSpec, RowState, ScheduleRecord, ScheduleSpec
 
-PHASES = {
-    "scheduled": "Scheduled",
-    "firing": "Firing",
-    "published": "Published",
-    "failed": "Failed",
-    "missed": "Missed",
-    "suspended": "Suspended",
-    "cancelled": "Cancelled",
-}
+PHASES: dict[str, str] = {state: state.title() for state in RowState}  # row state -> phase
 
 
 class InvalidSpec(ValueError):
@@ -140,19 +132,19 @@ def conditions(
 
 def _ready_for_row(state: str, record: PublishRecord | None) -> Ready:
     error = (record.last_error if record else None) or ""
-    if state == "published":
+    if state == RowState.PUBLISHED:
         return Ready("True", "Published", "delivered to the app")
-    if state == "failed":
+    if state == RowState.FAILED:
         return Ready("False", "Failed", error or "delivery failed")
-    if state == "missed":
+    if state == RowState.MISSED:
         return Ready(
             "False", "Missed", error or "the starting deadline passed before it could fire"
         )
-    if state == "suspended":
+    if state == RowState.SUSPENDED:
         return Ready("False", "Suspended", "spec.suspend is true")
-    if state == "cancelled":
+    if state == RowState.CANCELLED:
         return Ready("False", "Cancelled", "cancelled")
-    if state == "firing":
+    if state == RowState.FIRING:
         return Ready("False", "Firing", "being delivered")
     if record is not None and record.attempts:
         return Ready("False", "Retrying", f"attempt {record.attempts} failed: {error}")
@@ -166,16 +158,18 @@ def status_for_publish(
     now: datetime,
 ) -> dict[str, Any]:
     previous = previous or {}
-    fired = record.state in ("published", "failed") and record.fired_at is not None
+    fired = record.state in (RowState.PUBLISHED, RowState.FAILED) and record.fired_at is not None
     status: dict[str, Any] = {
         "phase": PHASES.get(record.state, "Pending"),
-        "nextFireAt": rfc3339(record.next_attempt_at) if record.state == "scheduled" else None,
+        "nextFireAt": rfc3339(record.next_attempt_at)
+        if record.state == RowState.SCHEDULED
+        else None,
         "lastFiredAt": rfc3339(record.fired_at) if fired else previous.get("lastFiredAt"),
         "attempts": record.attempts,
         "lastError": record.last_error,
         "firedBy": (
             {"term": record.term, "holder": record.holder}
-            if record.term is not None and record.state != "scheduled"
+            if record.term is not None and record.state != RowState.SCHEDULED
             else previous.get("firedBy")
         ),
         "observedGeneration": generation,
@@ -198,7 +192,7 @@ def status_for_schedule(
         phase, ready = "Suspended", Ready("False", "Suspended", "spec.suspend is true")
     elif schedule.state == "cancelled":
         phase, ready = "Cancelled", Ready("False", "Cancelled", "cancelled")
-    elif last_slot is not None and last_slot.state in ("failed", "missed"):
+    elif last_slot is not None and last_slot.state in (RowState.FAILED, RowState.MISSED):
         phase = "Scheduled"
         ready = _ready_for_row(last_slot.state, last_slot)
     else:
@@ -207,7 +201,11 @@ def status_for_schedule(
             "True", "Scheduled", f"fires on {schedule.expression!r} ({schedule.time_zone})"
         )
     last_fired = None
-    if last_slot is not None and last_slot.fired_at is not None and last_slot.state == "published":
+    if (
+        last_slot is not None
+        and last_slot.fired_at is not None
+        and last_slot.state == RowState.PUBLISHED
+    ):
         last_fired = rfc3339(last_slot.fired_at)
     status: dict[str, Any] = {
         "phase": phase,
