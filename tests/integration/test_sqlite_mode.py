@@ -91,3 +91,12 @@ def test_sqlite_sidecar_fires_one_shot_and_recurring(
     finally:
         sidecar.stop()
     assert sidecar.process is not None and sidecar.process.returncode == 0
+
+
+def test_migrate_with_grants_on_sqlite_says_nothing_was_granted(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dev.db'}"
+    result = cli("migrate", "--grant-sidecar", "app", url=url)
+    assert result.returncode == 0, result.stderr
+    assert "granted runtime privileges" not in result.stdout
+    assert result.stderr.strip() == "nothing granted: this database has no roles"
+    assert "applied migrations" in result.stdout

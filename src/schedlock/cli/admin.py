@@ -112,7 +112,10 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
             granted = await store.grant(
                 sidecar_role=args.grant_sidecar, operator_role=args.grant_operator
             )
-            print(f"granted runtime privileges to {', '.join(granted)}")
+            if granted:
+                print(f"granted runtime privileges to {', '.join(granted)}")
+            else:  # SQLite: one process, no roles
+                print("nothing granted: this database has no roles", file=sys.stderr)
         return applied, (await store.schema_status()).current
 
     result = _with_store("migrate", db, migrate, "cannot migrate")
