@@ -6,6 +6,8 @@ from typing import Any
 
 import psycopg
 
+from testbed.sidecars import wait_for
+
 
 def fetch(url: str, sql: str, *params: object) -> list[tuple[Any, ...]]:
     """The rows of one query on a connection of its own (autocommit, closed after)."""
@@ -63,3 +65,13 @@ def row_states(url: str, prefix: str | None = None) -> dict[str, int]:
             params = (prefix + "-%",)
         sql += " GROUP BY state"
         return {str(s): int(n) for s, n in conn.execute(sql, params).fetchall()}
+
+
+def wait_published(url: str, prefix: str, count: int, timeout: float = 30) -> None:
+    """Wait until ``count`` rows named ``prefix-…`` are published: the positive signal a
+    delivery scenario ends on (never a sleep)."""
+    wait_for(
+        lambda: row_states(url, prefix).get("published") == count,
+        timeout=timeout,
+        what=f"every {prefix} row published",
+    )

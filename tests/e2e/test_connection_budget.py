@@ -28,7 +28,7 @@ from schedlock.core.logs import Event, records
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID
 from testbed.pg import PostgresServer
 from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
-from testbed.rows import insert_rows, row_states
+from testbed.rows import insert_rows, wait_published
 from testbed.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
 
 FAST = {"SCHEDLOCK_LEASE_SECONDS": "4", "SCHEDLOCK_HEARTBEAT_SECONDS": "1"}
@@ -140,11 +140,7 @@ def test_twenty_replicas_of_two_targets_hold_twelve_sessions_and_fail_over_withi
         time.sleep(max(0.0, due - time.time()))
         leader.signal(signal.SIGKILL)
         killed_at = time.time()
-        wait_for(
-            lambda: row_states(migrated_database, "at-kill").get("published") == 1,
-            timeout=30,
-            what="the row due at the kill published",
-        )
+        wait_published(migrated_database, "at-kill", 1)
         entries = [e for e in alpha.receiver.entries() if str(e["uid"]).startswith("at-kill")]
         delivered = [e for e in entries if e["holder"] != leader.name]
         assert delivered, entries
@@ -190,11 +186,7 @@ def test_leader_and_every_standby_killed_at_once_a_reserve_takes_over(
         takeover = since - killed_db
         print(f"\nleader + 2 standbys SIGKILLed: a reserve led after {takeover:.3f}s")
         assert takeover <= interval * 1.1 + 2.0, takeover  # the bound, plus a generous margin
-        wait_for(
-            lambda: row_states(migrated_database, "all-gone").get("published") == len(uids),
-            timeout=30,
-            what="every row published by the new leader",
-        )
+        wait_published(migrated_database, "all-gone", len(uids))
         wait_for(
             lambda: (
                 {k: v for k, v in census(group).items() if v and k} == {"leader": 1, "standby": 2}
@@ -295,11 +287,7 @@ def test_fifty_replicas_at_default_max_connections_beside_an_app_pool_of_fifty(
         assert max(locks) <= 6, locks
         assert statistics.median(alls) <= 50 + 6, alls
         uids = insert_rows(url, 50, start_in=0.5, spacing=0.02, prefix="fifty")
-        wait_for(
-            lambda: row_states(url, "fifty").get("published") == len(uids),
-            timeout=30,
-            what="rows fired",
-        )
+        wait_published(url, "fifty", len(uids))
         refused = sum(
             v
             for s in group
@@ -446,10 +434,6 @@ def test_standby_places_status_and_listen_on_the_lock_session(
         # ... and it works there: a row written now, with the leader idle until its 30 s safety
         # poll, fires at once because the NOTIFY wakes it on the lock session.
         insert_rows(migrated_database, 1, start_in=0.2, prefix="woken")
-        wait_for(
-            lambda: row_states(migrated_database, "woken").get("published") == 1,
-            timeout=10,
-            what="the row fired on NOTIFY (the poll is 30 s away)",
-        )
+        wait_published(migrated_database, "woken", 1, timeout=10)
     finally:
         group.stop()

@@ -7,6 +7,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,11 +16,14 @@ from schedlock.core.logs import Event, records
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 from testbed.checks import assert_duplicates_only_across_crash
 from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
-from testbed.rows import insert_rows, row_states
-from testbed.sidecars import SidecarGroup, wait_for
+from testbed.rows import insert_rows, wait_published
+from testbed.sidecars import SidecarGroup, SidecarProcess, wait_for
 
-LEASE = 4.0
-FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": "1"}
+LEASE, HEARTBEAT = 4.0, 1.0
+FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": str(HEARTBEAT)}
+# The server grants the lock to the next waiter within milliseconds; what a hand-over may add
+# on a shared, noisy machine (a connection's round trips, the new term's transaction).
+SLACK = 1.0
 
 
 @pytest.fixture
@@ -54,6 +58,40 @@ def arrivals(group: SidecarGroup) -> list[dict[str, object]]:
     return group.receiver.entries()
 
 
+def leading_a_stream(
+    group: SidecarGroup, url: str, prefix: str, rows: int, spacing: float, delivered: int
+) -> tuple[list[str], SidecarProcess]:
+    """Rows due one after another from now on, and the leader once it has delivered some."""
+    uids = insert_rows(url, rows, start_in=0.5, spacing=spacing, prefix=prefix)
+    leader = group.wait_leader()
+    wait_for(lambda: len(arrivals(group)) >= delivered, timeout=20, what=f"{prefix} deliveries")
+    return uids, leader
+
+
+def takeover(group: SidecarGroup, old: SidecarProcess, timeout: float) -> dict[str, Any]:
+    """The next publish leader's "acquired leadership" record naming ``old`` as the previous
+    holder.  Its ``gap_ms`` is the hand-over on the database clock: from the old term's last
+    heartbeat (or its release) to the new term — no local clock, no sleep."""
+
+    def found() -> dict[str, Any] | None:
+        for sidecar in group:
+            if sidecar is old:
+                continue
+            for record in records(sidecar.log_text(), Event.LEADERSHIP_ACQUIRED):
+                if record.get("previous_holder") == old.name and record["key"].startswith(
+                    "publish/"
+                ):
+                    return record
+        return None
+
+    record: dict[str, Any] = wait_for(found, timeout=timeout, what=f"a leader after {old.name}")
+    return record
+
+
+def gap_seconds(record: dict[str, Any]) -> float:
+    return float(record["gap_ms"]) / 1000
+
+
 def test_exactly_one_leader_per_key(group: SidecarGroup, migrated_database: str) -> None:
     group.wait_leader("publish")
     group.wait_leader("recurring")
@@ -71,57 +109,33 @@ def test_exactly_one_leader_per_key(group: SidecarGroup, migrated_database: str)
 def test_sigkill_failover_is_fast_and_loses_nothing(
     group: SidecarGroup, migrated_database: str
 ) -> None:
-    uids = insert_rows(migrated_database, 300, start_in=0.5, spacing=0.02, prefix="kill")
-    leader = group.wait_leader()
-    wait_for(lambda: len(arrivals(group)) >= 50, timeout=20, what="deliveries before the kill")
-    killed_at = time.time()
+    uids, leader = leading_a_stream(group, migrated_database, "kill", 300, 0.02, 50)
     leader.signal(signal.SIGKILL)
-    wait_for(
-        lambda: row_states(migrated_database, "kill").get("published") == len(uids),
-        timeout=30,
-        what="every row published",
-    )
-    after = [
-        e for e in arrivals(group) if float(e["arrival"]) > killed_at and e["holder"] != leader.name
-    ]
-    assert after, "nobody delivered after the kill"
-    first_after = min(float(e["arrival"]) for e in after)
-    assert first_after - killed_at < 1.0, (
-        f"first claim {first_after - killed_at:.3f}s after SIGKILL"
-    )
+    # The killed session ends at once: granted within a heartbeat of its last one.
+    new = takeover(group, leader, timeout=10)
+    assert not new["previous_released"]
+    assert gap_seconds(new) < HEARTBEAT + SLACK, new
+    wait_published(migrated_database, "kill", len(uids))
+    assert any(e["holder"] != leader.name for e in arrivals(group)), "nobody took over"
     delivered = {str(e["uid"]) for e in arrivals(group)}
     assert delivered == set(uids)
     assert_duplicates_only_across_crash(arrivals(group), crashed={leader.name})
 
 
 def test_sigstop_past_the_lease(group: SidecarGroup, migrated_database: str) -> None:
-    insert_rows(migrated_database, 400, start_in=0.5, spacing=0.025, prefix="stop")
-    leader = group.wait_leader()
-    wait_for(lambda: len(arrivals(group)) >= 20, timeout=20, what="deliveries before the freeze")
-    stopped_at = time.time()
+    _, leader = leading_a_stream(group, migrated_database, "stop", 400, 0.025, 20)
     leader.signal(signal.SIGSTOP)
     try:
-        new = wait_for(
-            lambda: [
-                e
-                for e in arrivals(group)
-                if e["holder"] != leader.name and float(str(e["arrival"])) > stopped_at
-            ],
-            timeout=LEASE + 5,
-            what="a new leader's delivery",
-        )
-        takeover = min(float(str(e["arrival"])) for e in new) - stopped_at
-        assert takeover < LEASE + 1.0, f"takeover after {takeover:.2f}s with a {LEASE}s lease"
+        new = takeover(group, leader, timeout=LEASE + 10)
+        # The frozen leader's session ends a lease after its last statement (a heartbeat, or a
+        # claim up to a heartbeat later): never sooner, and then the next waiter is granted.
+        assert LEASE - SLACK <= gap_seconds(new) < LEASE + HEARTBEAT + SLACK, new
         resumed_at = time.time()
     finally:
         leader.signal(signal.SIGCONT)
     # The resumed process finds its session gone, steps down and changes no row.
     wait_for(lambda: not leader.leads(), timeout=10, what="the resumed leader to step down")
-    wait_for(
-        lambda: row_states(migrated_database, "stop").get("published") == 400,
-        timeout=30,
-        what="every row published",
-    )
+    wait_published(migrated_database, "stop", 400)
     with psycopg.connect(migrated_database, autocommit=True) as conn:
         changed = conn.execute(
             "SELECT count(*) FROM schedlock_publishes WHERE holder = %s "
@@ -142,29 +156,14 @@ def test_sigstop_past_the_lease(group: SidecarGroup, migrated_database: str) -> 
 def test_terminated_lock_session_hands_over(
     group: SidecarGroup, postgres: PostgresService, migrated_database: str
 ) -> None:
-    insert_rows(migrated_database, 200, start_in=0.5, spacing=0.02, prefix="term")
-    leader = group.wait_leader()
-    wait_for(lambda: len(arrivals(group)) >= 20, timeout=20, what="deliveries")
+    _, leader = leading_a_stream(group, migrated_database, "term", 200, 0.02, 20)
     pids = postgres.backends(migrated_database, application_name=leader.name)
     assert pids
-    cut_at = time.time()
     for pid in pids:
         postgres.terminate_backend(pid)
-    new = wait_for(
-        lambda: [
-            e
-            for e in arrivals(group)
-            if e["holder"] != leader.name and float(str(e["arrival"])) > cut_at
-        ],
-        timeout=5,
-        what="a new leader after pg_terminate_backend",
-    )
-    assert min(float(str(e["arrival"])) for e in new) - cut_at < 1.0
-    wait_for(
-        lambda: row_states(migrated_database, "term").get("published") == 200,
-        timeout=30,
-        what="every row published",
-    )
+    new = takeover(group, leader, timeout=10)
+    assert gap_seconds(new) < HEARTBEAT + SLACK, new
+    wait_published(migrated_database, "term", 200)
     assert leader.alive(), "the old leader must reconnect as a follower, not crash"
     wait_for(leader.ready, timeout=10, what="the old leader to reconnect")
 
@@ -172,23 +171,13 @@ def test_terminated_lock_session_hands_over(
 def test_sigterm_hands_over_quickly_and_misses_nothing(
     group: SidecarGroup, migrated_database: str
 ) -> None:
-    uids = insert_rows(migrated_database, 200, start_in=0.5, spacing=0.02, prefix="grace")
-    leader = group.wait_leader()
-    wait_for(lambda: len(arrivals(group)) >= 30, timeout=20, what="deliveries")
-    sent_at = time.time()
+    uids, leader = leading_a_stream(group, migrated_database, "grace", 200, 0.02, 30)
     leader.signal(signal.SIGTERM)
     assert leader.wait(10) == 0
-    new = wait_for(
-        lambda: [e for e in arrivals(group) if e["holder"] != leader.name],
-        timeout=5,
-        what="the next leader's delivery",
-    )
-    assert min(float(str(e["arrival"])) for e in new) - sent_at < 1.0
-    wait_for(
-        lambda: row_states(migrated_database, "grace").get("published") == len(uids),
-        timeout=30,
-        what="every row published",
-    )
+    new = takeover(group, leader, timeout=10)
+    assert new["previous_released"], "a checked unlock, recorded as a release"
+    assert gap_seconds(new) < SLACK, new
+    wait_published(migrated_database, "grace", len(uids))
     counts = collections.Counter(str(e["uid"]) for e in arrivals(group))
     assert set(counts) == set(uids)
     assert max(counts.values()) == 1, "a graceful hand-over delivered something twice"

@@ -97,9 +97,14 @@ def rows(url: str, prefix: str) -> dict[str, tuple[str, int, str | None]]:
     return {str(u): (str(s), int(a), h) for u, s, a, h in found}
 
 
-def all_finished(url: str, prefix: str, count: int) -> bool:
-    states = row_states(url, prefix)
-    return sum(n for s, n in states.items() if s not in ("scheduled", "firing")) == count
+def wait_finished(url: str, prefix: str, count: int, timeout: float) -> None:
+    """Wait until ``count`` rows named ``prefix-…`` are past ``scheduled`` and ``firing``."""
+
+    def finished() -> bool:
+        states = row_states(url, prefix)
+        return sum(n for s, n in states.items() if s not in ("scheduled", "firing")) == count
+
+    wait_for(finished, timeout=timeout, what=f"every {prefix} row to finish")
 
 
 def assert_published_without_burned_attempts(
@@ -136,11 +141,7 @@ def test_leader_whose_app_dies_hands_over_without_burning_attempts(
     first.app.kill()  # the app is gone; its sidecar runs on, as in a terminating pod
     wait_for(second.leads, timeout=10, what="the other replica to lead")
     wait_for(lambda: not first.leads(), timeout=10, what="the old leader to hand over")
-    wait_for(
-        lambda: all_finished(migrated_database, "gone", 60),
-        timeout=40,
-        what="every row to finish",
-    )
+    wait_finished(migrated_database, "gone", 60, timeout=40)
     assert_published_without_burned_attempts(migrated_database, "gone", first, second)
     assert "leadership_handed_over" in first.events()
     assert "target_unreachable" in first.events()
@@ -165,11 +166,7 @@ def test_leader_whose_app_dies_hands_over_without_burning_attempts(
     )
     second.app.kill()
     wait_for(first.leads, timeout=10, what="the returned sidecar to lead again")
-    wait_for(
-        lambda: all_finished(migrated_database, "back", 30),
-        timeout=40,
-        what="every row to finish",
-    )
+    wait_finished(migrated_database, "back", 30, timeout=40)
     assert_published_without_burned_attempts(migrated_database, "back", second, first)
 
 
@@ -198,11 +195,7 @@ def test_sidecar_started_before_its_app_holds_no_lock_until_it_answers(
 
         pod.app.start()
         wait_for(pod.leads, timeout=10, what="leadership once the app answers")
-        wait_for(
-            lambda: all_finished(migrated_database, "early", 1),
-            timeout=10,
-            what="the row to be fired",
-        )
+        wait_finished(migrated_database, "early", 1, timeout=10)
         assert rows(migrated_database, "early")[uid][:2] == ("published", 1)
         assert [e["attempt"] for e in pod.app.entries()] == [1]
         assert "target_reachable" in pod.events()
@@ -230,11 +223,7 @@ def test_single_replica_whose_app_is_down_fires_nothing_until_it_is_back(
 
         pod.app.start()
         wait_for(pod.leads, timeout=10, what="leadership once the app is back")
-        wait_for(
-            lambda: all_finished(migrated_database, "wait", 5),
-            timeout=10,
-            what="the waiting rows to be fired",
-        )
+        wait_finished(migrated_database, "wait", 5, timeout=10)
         assert {v[:2] for v in rows(migrated_database, "wait").values()} == {("published", 1)}
         assert sorted(str(e["uid"]) for e in pod.app.entries()) == sorted(uids)
     finally:

@@ -8,6 +8,7 @@ labels and ``honor_labels: true``, as the chart's PodMonitor does in Kubernetes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -21,7 +22,7 @@ import pytest
 
 from monitoring import dashboard, generate
 from testbed.prometheus import Prometheus, static_scrape_config
-from testbed.rows import insert_rows, row_states
+from testbed.rows import insert_rows, wait_published
 from testbed.sidecars import SidecarGroup, wait_for
 
 FOR = "5s"
@@ -30,8 +31,9 @@ SCRAPE = "1s"
 # Worst case from the event to "firing": a scrape interval and its timeout (the dead sidecar
 # is marked stale), an evaluation to go pending, FOR, an evaluation to fire, our polling.
 FIRING_WITHIN = FOR_SECONDS + 1 + 0.8 + 1 + 1 + 2.2
-LEASE = 4.0
-FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": "1"}
+LEASE, HEARTBEAT = 4.0, 1.0
+FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": str(HEARTBEAT)}
+SLACK = 1.0  # what a hand-over may add to the design's bound on a shared, noisy machine
 KEYS = {("publish", "default", "demo"), ("recurring", "default", "demo")}
 
 
@@ -130,6 +132,27 @@ def _timeline(seen: list[tuple[float, str, str, str]]) -> str:
     return ", ".join(f"{t:.2f}s {name}[{scheduler}] {state}" for t, name, scheduler, state in seen)
 
 
+def _handover_gap(server: Prometheus, hand_overs: int = 1) -> float:
+    """The publish key's hand-over gap on the database clock, from the new leader's histogram
+    (``schedlock_handover_gap_seconds``), once Prometheus has scraped ``hand_overs`` of them."""
+    publish = '{scheduler="publish"}'
+    wait_for(
+        lambda: server.query(f"sum(schedlock_handover_gap_seconds_count{publish}) >= {hand_overs}"),
+        timeout=20,
+        interval=0.2,
+        what="the hand-over to be recorded and scraped",
+    )
+    return float(server.query(f"sum(schedlock_handover_gap_seconds_sum{publish})")[0]["value"][1])
+
+
+def _pending_for(server: Prometheus, alertname: str, scheduler: str = ".*") -> list[float]:
+    """How long each ``alertname`` alert has been active, on Prometheus's own clock
+    (``ALERTS_FOR_STATE`` holds when it went pending): firing implies at least ``for:``."""
+    selector = f'alertname="{alertname}", scheduler=~"{scheduler}"'
+    series = server.query(f"time() - ALERTS_FOR_STATE{{{selector}}}")
+    return [float(r["value"][1]) for r in series]
+
+
 def test_a_killed_leader_never_fires_leader_missing(
     prometheus: Prometheus, group: SidecarGroup
 ) -> None:
@@ -137,16 +160,16 @@ def test_a_killed_leader_never_fires_leader_missing(
     killed_at = time.monotonic()
     leader.signal(signal.SIGKILL)
     successor = group.wait_leader("publish", timeout=10)
-    takeover = time.monotonic() - killed_at
     assert successor is not leader
+    # The hand-over was recorded (and scraped), on the database clock: within a heartbeat of
+    # the killed leader's last one.
+    gap = _handover_gap(prometheus)
+    assert gap < HEARTBEAT + SLACK, f"hand-over gap {gap:.3f}s"
+    # No alert over the whole time one could take to fire.
     seen = _watch_alerts(prometheus, 20, since=killed_at)
-    print(f"\nSIGKILL of the leader: takeover after {takeover:.3f}s; alerts: {_timeline(seen)}")
-    assert takeover < 1.5, f"takeover took {takeover:.2f}s"
+    print(f"\nSIGKILL of the leader: hand-over gap {gap:.3f}s; alerts: {_timeline(seen)}")
     firing = [s for s in seen if s[3] == "firing"]
     assert not firing, f"alerts fired on a normal hand-over: {seen}"
-    # The hand-over was recorded (and scraped): the gap histogram of the new leader grew.
-    gaps = prometheus.query('sum(schedlock_handover_gap_seconds_count{scheduler="publish"})')
-    assert gaps and float(gaps[0]["value"][1]) >= 1
     counts = _per_key(prometheus, "count by (scheduler, namespace, target) (schedlock_leader)")
     assert counts == dict.fromkeys(KEYS, 2.0)
 
@@ -170,10 +193,10 @@ def test_all_sidecars_gone_fires_leader_absent(
     seen = _watch_alerts(
         prometheus, FOR_SECONDS + 15, until=absent_firing_for_every_key, since=stopped_at
     )
-    elapsed = time.monotonic() - stopped_at
     print(f"\n{sig.name} of every sidecar: {_timeline(seen)}")
     assert absent_firing_for_every_key(prometheus.alerts()), seen
-    assert FOR_SECONDS <= elapsed < FIRING_WITHIN, f"fired after {elapsed:.2f}s"
+    pending_for = _pending_for(prometheus, "SchedlockLeaderAbsent")
+    assert len(pending_for) == len(KEYS) and min(pending_for) >= FOR_SECONDS, pending_for
     firing = next(
         a
         for a in prometheus.alerts()
@@ -208,8 +231,8 @@ def test_a_frozen_leader_fires_leader_missing_until_the_lease_hands_over(
             )
 
         seen = _watch_alerts(server, lease + 5, until=missing("firing"), since=frozen_at)
-        fired = time.monotonic() - frozen_at
         assert missing("firing")(server.alerts()), seen
+        assert min(_pending_for(server, "SchedlockLeaderMissing", "publish")) >= FOR_SECONDS
 
         def resolved(alerts: list[dict[str, Any]]) -> bool:
             return not any(
@@ -220,11 +243,12 @@ def test_a_frozen_leader_fires_leader_missing_until_the_lease_hands_over(
 
         more = _watch_alerts(server, lease + 10, until=resolved, since=frozen_at)
         seen += [s for s in more if s[3] != "firing"]  # firing was recorded above
-        cleared = time.monotonic() - frozen_at
         print(f"\nSIGSTOP of the leader (lease {lease:g}s): {_timeline(seen)}")
         assert resolved(server.alerts()), seen
-        assert FOR_SECONDS <= fired < FIRING_WITHIN, f"fired after {fired:.2f}s"
-        assert cleared < lease + 5
+        # Cleared by the lease's hand-over: the session of the frozen leader ended a lease
+        # after its last statement (database clock), never sooner.
+        gap = _handover_gap(server)
+        assert lease - SLACK <= gap < lease + HEARTBEAT + SLACK, f"hand-over gap {gap:.3f}s"
         names = {name for _, name, _, state in seen if state == "firing"}
         assert names <= {"SchedlockLeaderMissing"}, seen
     finally:
@@ -249,23 +273,7 @@ def test_every_dashboard_query_returns_data(
     leader.signal(signal.SIGKILL)
     group.wait_leader("publish", timeout=10)
     uids = insert_rows(migrated_database, 50, start_in=0.5, spacing=0.05, prefix="dash")
-    wait_for(
-        lambda: row_states(migrated_database, "dash").get("published") == len(uids),
-        timeout=30,
-        what="every row published",
-    )
-    wait_for(
-        lambda: (
-            prometheus.query('sum(schedlock_handover_gap_seconds_count{scheduler="publish"}) > 0')
-            and prometheus.query(
-                'sum(schedlock_fire_lateness_seconds_count{scheduler="publish"}) > 0'
-            )
-        ),
-        timeout=20,
-        interval=0.2,
-        what="the hand-over and the fires to be scraped",
-    )
-    time.sleep(2)  # a couple more scrapes, so rates see the new leader's counters move
+    wait_published(migrated_database, "dash", len(uids))
 
     # The variable queries (label_values) find the running key.
     namespaces = prometheus.api("/api/v1/label/namespace/values", **{"match[]": "schedlock_leader"})
@@ -284,13 +292,26 @@ def test_every_dashboard_query_returns_data(
         "All": {"namespace": ".*", "target": ".*", "scheduler": ".*"},
         "demo": {"namespace": "default", "target": "demo", "scheduler": "publish"},
     }
-    empty: list[str] = []
-    for selection, chosen in selections.items():
-        values = {**chosen, "__rate_interval": "1m", "__range": "1h", "datasource": "prometheus"}
-        for title, expr in queries:
-            promql = _substitute(expr, values)
-            result = prometheus.query(promql)
-            finite = [r for r in result if math.isfinite(float(r["value"][1]))]
-            if not finite:
-                empty.append(f"[{selection}] {title}: {promql} -> {result}")
+
+    def without_data() -> list[str]:
+        empty: list[str] = []
+        for selection, chosen in selections.items():
+            values = {
+                **chosen,
+                "__rate_interval": "1m",
+                "__range": "1h",
+                "datasource": "prometheus",
+            }
+            for title, expr in queries:
+                promql = _substitute(expr, values)
+                result = prometheus.query(promql)
+                if not [r for r in result if math.isfinite(float(r["value"][1]))]:
+                    empty.append(f"[{selection}] {title}: {promql} -> {result}")
+        return empty
+
+    # Rates need a few scrapes of the new leader's counters: wait until every query has data
+    # (the positive signal), then say which have none if some never do.
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: not without_data(), timeout=30, interval=1, what="dashboard data")
+    empty = without_data()
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
