@@ -32,13 +32,13 @@ demo: venv ## the main job: embedded PostgreSQL, an app, 3 sidecars, a kill and 
 	@$(PY) -m hack.demo
 
 .PHONY: bench
-bench: venv ## benchmark vs the seed's tick and Kubernetes Lease election, and in a cluster: bench/results/, docs/performance.md
-	@bash hack/tools.sh ensure kube-apiserver etcd kubectl helm node images
+bench: venv ## benchmark vs River, procrastinate, the seed's tick and a Kubernetes Lease elector, and in a cluster: bench/results/, docs/performance.md
+	@bash hack/tools.sh ensure kube-apiserver etcd kubectl helm node images river-bench
 	@$(PY) -m bench run
 
 .PHONY: bench-quick
 bench-quick: venv ## the same scenarios with fewer trials: bench/results/
-	@bash hack/tools.sh ensure kube-apiserver etcd kubectl helm node images
+	@bash hack/tools.sh ensure kube-apiserver etcd kubectl helm node images river-bench
 	@$(PY) -m bench run --quick
 
 CHAOS_DURATION ?= 600
