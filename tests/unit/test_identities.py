@@ -106,38 +106,94 @@ def test_json_records_carry_the_event_and_an_rfc3339_ts() -> None:
     assert "event=leadership_acquired" in logs.TextFormatter().format(record)
 
 
-def _log_calls(tree: ast.AST) -> list[ast.Call]:
+def _log_calls(tree: ast.AST) -> list[tuple[ast.Call, set[str]]]:
+    """Every ``log.<level>(...)`` call, with the names of its function's ``Event`` parameters."""
     levels = {"debug", "info", "warning", "error", "exception", "critical", "log"}
-    return [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in levels
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == "log"
-    ]
+    found: list[tuple[ast.Call, set[str]]] = []
+
+    def visit(node: ast.AST, event_params: set[str]) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            event_params = {
+                a.arg
+                for a in args
+                if isinstance(a.annotation, ast.Name) and a.annotation.id == "Event"
+            }
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in levels
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "log"
+        ):
+            found.append((node, event_params))
+        for child in ast.iter_child_nodes(node):
+            visit(child, event_params)
+
+    visit(tree, set())
+    return found
 
 
-def _event_of(call: ast.Call) -> str | None:
+def _event_of(call: ast.Call, event_params: set[str]) -> str | None:
+    """The event a log call names: ``Event.X``, or a parameter typed ``Event`` (``_say``)."""
     for keyword in call.keywords:
         if keyword.arg == "extra" and isinstance(keyword.value, ast.Dict):
             for key, value in zip(keyword.value.keys, keyword.value.values, strict=True):
-                named = isinstance(key, ast.Constant) and key.value == "event"
-                if named and isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):
+                if not (isinstance(key, ast.Constant) and key.value == "event"):
+                    continue
+                if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):
                     return value.attr if value.value.id == "Event" else None
+                if isinstance(value, ast.Name) and value.id in event_params:
+                    return "<parameter>"
     return None
+
+
+def _event_arguments_of_helpers(tree: ast.AST, helpers: set[str]) -> list[tuple[int, bool]]:
+    """Each call of a logging helper (a method taking an ``Event``): does it pass ``Event.X``?"""
+    return [
+        (
+            node.lineno,
+            any(
+                (
+                    isinstance(a, ast.Attribute)
+                    and isinstance(a.value, ast.Name)
+                    and a.value.id == "Event"
+                    and a.attr in Event.__members__
+                )
+                # one helper forwarding its own ``event: Event`` parameter to another
+                or (isinstance(a, ast.Name) and a.id == "event")
+                for a in node.args
+            ),
+        )
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in helpers
+    ]
 
 
 def test_every_product_log_call_names_its_event() -> None:
     calls = 0
     missing = []
     for path in sorted(SRC.rglob("*.py")):
-        for call in _log_calls(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        helpers = {
+            node.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef)
+            and any(
+                isinstance(a.annotation, ast.Name) and a.annotation.id == "Event"
+                for a in node.args.args
+            )
+        }
+        for call, event_params in _log_calls(tree):
             calls += 1
-            name = _event_of(call)
-            if name is None or name not in Event.__members__:
+            name = _event_of(call, event_params)
+            if name is None or (name != "<parameter>" and name not in Event.__members__):
                 missing.append(f"{path.relative_to(REPO)}:{call.lineno}")
+        for lineno, names_one in _event_arguments_of_helpers(tree, helpers):
+            if not names_one:
+                missing.append(f"{path.relative_to(REPO)}:{lineno}")
     assert calls > 20, "the scan found the log calls"
     assert missing == [], "log calls without extra={'event': Event.X, ...}"
 

@@ -25,6 +25,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from schedlock.core.logs import Event
+
 T = TypeVar("T")
 
 log = logging.getLogger("schedlock.aio")
@@ -197,7 +199,7 @@ class Supervisor:
             "task failed",
             exc_info=None if quiet else failure,
             extra={
-                "event": "task_failed",
+                "event": Event.TASK_FAILED,
                 "group": self.name,
                 "task": name,
                 "error": f"{type(failure).__name__}: {failure}",
@@ -214,7 +216,7 @@ class Supervisor:
             self.logger.warning(
                 "task did not stop in time, cancelled",
                 extra={
-                    "event": "task_cancelled",
+                    "event": Event.TASK_CANCELLED,
                     "group": self.name,
                     "task": task.get_name(),
                     "timeout_s": seconds,

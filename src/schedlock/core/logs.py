@@ -26,6 +26,9 @@ _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asc
 class Event(StrEnum):
     """The ``event`` field of every product log record (documented in docs/operations.md)."""
 
+    # any process: supervised task groups (schedlock.core.aio)
+    TASK_FAILED = "task_failed"
+    TASK_CANCELLED = "task_cancelled"
     # sidecar: process
     SIDECAR_STARTED = "sidecar_started"
     SIDECAR_FATAL = "sidecar_fatal"
