@@ -48,8 +48,9 @@ class PublishedWatch:
 
     A stream that breaks is resumed from the last resourceVersion seen (``restarts``)."""
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: Any, namespace: str = NAMESPACE) -> None:
         self.api = api
+        self.namespace = namespace
         self.watch: Any = None
         self.published: dict[str, float] = {}
         self.phases: dict[str, str] = {}
@@ -78,7 +79,7 @@ class PublishedWatch:
         if self.resource_version is not None:
             kwargs["resource_version"] = self.resource_version
         for event in self.watch.stream(
-            self.api.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, **kwargs
+            self.api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, **kwargs
         ):
             obj = event["object"]
             meta = obj["metadata"]
@@ -155,7 +156,7 @@ def run(ctx: Context) -> None:
         assert operator.process is not None
         processes = {"operator": operator.process.pid, "client": os.getpid(), **kube.pids}
         cpu0 = _cpu(processes)
-        requests0 = _apiserver_requests(kube)
+        requests0 = apiserver_requests(kube)
         t0 = time.time()
         with ThreadPoolExecutor(CLIENT_THREADS) as pool:
             list(pool.map(create, range(p.operator_objects)))
@@ -166,7 +167,7 @@ def run(ctx: Context) -> None:
         _wait(lambda: len(watch.published) >= len(created), deadline - time.time())
         cutoff = time.time()
         cpu = _cpu(processes)["operator"] - cpu0["operator"]
-        requests = _apiserver_requests(kube)
+        requests = apiserver_requests(kube)
         requests.subtract(requests0)
         rows = _rows(url)
         ingest_s = max(rows.values(), default=t0) - t0
@@ -290,7 +291,7 @@ def _handler_retries(log: str) -> dict[str, int]:
     return dict(reasons)
 
 
-def _apiserver_requests(kube: KubeAPIServer) -> collections.Counter[str]:
+def apiserver_requests(kube: KubeAPIServer) -> collections.Counter[str]:
     """apiserver_request_total summed by ``VERB resource[/subresource]``, from /metrics."""
     text = kube.kubectl("get", "--raw", "/metrics", check=False).stdout
     counts: collections.Counter[str] = collections.Counter()

@@ -59,3 +59,27 @@ def test_a_burst_of_outcomes_is_synced_a_few_objects_at_a_time_each_in_order() -
     for n in range(40):
         mine = [what for what, name in api.calls if name == f"o{n}"]
         assert mine == ["get", "patch", "event"]
+
+
+def test_with_the_index_an_outcome_costs_a_patch_and_an_event_and_a_replay_nothing() -> None:
+    api = SlowApi()
+    index: dict[str, dict[str, Any]] = {
+        f"uid-o{n}": {"metadata": {"name": f"o{n}", "namespace": "ns", "uid": f"uid-o{n}"}}
+        for n in range(3)
+    }
+    store = cast(Store, None)
+    sync = StatusSync(store, api, sweep_seconds=30, holder="t", known=index.get)
+    asyncio.run(sync.sync_records([published(n) for n in range(3)]))
+    assert sorted(api.calls) == sorted(
+        (what, f"o{n}") for n in range(3) for what in ("patch", "event")
+    )
+    # The same outcomes again before the watch shows the writes: the sync's own last write
+    # stands for the status, so nothing is patched or posted twice.
+    api.calls.clear()
+    asyncio.run(sync.sync_records([published(n) for n in range(3)]))
+    assert api.calls == []
+    # The watch delivers o0's write (a new snapshot): the status in it says the same.
+    [(_, written)] = [v for k, v in sync._written.items() if k == "uid-o0"]
+    index["uid-o0"] = {**index["uid-o0"], "status": written}
+    asyncio.run(sync.sync_records([published(0)]))
+    assert api.calls == [] and "uid-o0" not in sync._written

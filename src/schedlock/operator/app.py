@@ -132,7 +132,11 @@ async def run_kopf(
         objects=objects,
     )
     sync = StatusSync(
-        store, None, sweep_seconds=settings.sweep_seconds, holder=settings.holder_name
+        store,
+        None,
+        sweep_seconds=settings.sweep_seconds,
+        holder=settings.holder_name,
+        known=objects.get,  # the status in the API, from the watch: no GET per outcome
     )
     reasserter = Reasserter(
         store,

@@ -4,6 +4,15 @@ The operator never fires anything: it only writes rows (keyed by the object's ui
 generation, so replays are no-ops) and reflects outcomes back (``schedlock.operator.sync``).
 Errors are mapped on purpose: a database that is down is a ``TemporaryError`` (retried with a
 delay, bounded), a spec that cannot work is a ``PermanentError`` with a Warning Event.
+
+API cost: an object's create costs two PATCHes — one of the object (the finalizer and kopf's
+last-handled annotation, one merge patch) and one of its status.  kopf would add its finalizer
+in a PATCH of its own before the first handler runs, for any object a mandatory deletion
+handler matches; ours matches only objects that already hold the finalizer, so kopf neither
+adds nor removes it, and the upsert puts it in its own patch once the row exists.  From then
+on it is kopf's as before: an object deleted while the operator is down waits for the cancel
+handler, and kopf removes the finalizer once the cancel succeeded.  Events are posted for
+outcomes only (here: an invalid spec, a cancel on delete; the sync posts the fire outcomes).
 """
 
 from __future__ import annotations
@@ -64,11 +73,28 @@ class ObjectIndex:
             return []
         return [obj for store in list(self.index.values()) for obj in store]
 
+    def get(self, uid: str) -> dict[str, Any] | None:
+        """The object's latest snapshot (a new one after every watch event), None: not seen."""
+        if self.index is None or uid not in self.index:
+            return None
+        return next(iter(self.index[uid]), None)
+
     def wanted(self, uid: str) -> bool:
         """The object is still there and not being deleted."""
         if self.index is None or uid not in self.index:
             return False
         return all(not (o["metadata"].get("deletionTimestamp")) for o in self.index[uid])
+
+
+def held(body: kopf.Body, **_: Any) -> bool:
+    """The object holds our finalizer (the cancel handler's filter: see the module's doc)."""
+    return FINALIZER in (body.meta.get("finalizers") or [])
+
+
+def hold(body: kopf.Body, patch: kopf.Patch) -> None:
+    """The finalizer rides in the handler's patch (a merge patch replaces the whole list)."""
+    if not held(body):
+        patch.metadata["finalizers"] = [*(body.meta.get("finalizers") or []), FINALIZER]
 
 
 def build_registry(
@@ -119,6 +145,7 @@ def build_registry(
             raise kopf.TemporaryError(f"database unavailable: {exc}", delay=5) from exc
         except StoreError as exc:
             raise kopf.TemporaryError(f"database error: {exc}", delay=15) from exc
+        hold(body, patch)  # a row exists: deleting the object must wait for its cancel
         if result.id is not None and result.state in RECORDED_OUTCOMES:
             # A new generation of a row that keeps its outcome (same due time): the status
             # still tells the truth, now about this generation (the re-assertion relies on it).
@@ -132,37 +159,24 @@ def build_registry(
             return  # a replay, or a row that already fired and keeps its outcome
         new = mapping.scheduled_status(spec, status, datetime.now(UTC))
         for key, value in new.items():
-            patch.status[key] = value
-        if spec.suspended:
-            kopf.event(
-                body,
-                type="Normal",
-                reason="Suspended",
-                message="spec.suspend is true: it will not fire",
-            )
-        elif isinstance(spec, PublishSpec):
-            kopf.event(
-                body, type="Normal", reason="Scheduled", message=f"fires at {new['nextFireAt']}"
-            )
-        else:
-            kopf.event(
-                body,
-                type="Normal",
-                reason="Scheduled",
-                message=f"fires on {spec.expression!r} ({spec.time_zone}), next {new['nextFireAt']}",
-            )
+            patch.status[key] = value  # Scheduled/Suspended show there: no Event for them
 
     for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
         decorator(*resource, registry=registry, id="upsert", retries=RETRIES, backoff=5)(upsert)
 
-    @kopf.on.delete(*resource, registry=registry, id="cancel", retries=RETRIES, backoff=5)
+    async def cancel_rows(uid: str, spec: kopf.Spec) -> bool:
+        if spec.get("schedule"):
+            return await store.cancel_schedule(uid) >= 0
+        return await store.cancel_publish(uid)
+
+    # when=held: kopf requires the finalizer only where the upsert already put it (no PATCH
+    # of its own on create), and keeps it there until this handler succeeded
+    @kopf.on.delete(
+        *resource, registry=registry, id="cancel", retries=RETRIES, backoff=5, when=held
+    )
     async def cancel(body: kopf.Body, spec: kopf.Spec, **_: Any) -> None:
-        uid = str(body.meta["uid"])
         try:
-            if spec.get("schedule"):
-                cancelled = await store.cancel_schedule(uid) >= 0
-            else:
-                cancelled = await store.cancel_publish(uid)
+            cancelled = await cancel_rows(str(body.meta["uid"]), spec)
         except StoreError as exc:
             raise kopf.TemporaryError(f"cannot cancel the row: {exc}", delay=5) from exc
         if cancelled and not spec.get("schedule"):
@@ -179,6 +193,16 @@ def build_registry(
                 reason="Cancelled",
                 message="deleted: the schedule will not fire again",
             )
+
+    def deleted(type: str, **_: Any) -> bool:
+        return type == "DELETED"  # a filter: kopf logs nothing for the other events
+
+    @kopf.on.event(*resource, registry=registry, id="gone", when=deleted)
+    async def gone(body: kopf.Body, spec: kopf.Spec, **_: Any) -> None:
+        """An object gone for good: its row is cancelled, even if the object went away before
+        the patch adding our finalizer (deleted right after its row's upsert).  After the
+        cancel handler this changes nothing; no API call either way (kopf logs a failure)."""
+        await cancel_rows(str(body.meta["uid"]), spec)
 
     if injection is not None:
 

@@ -243,6 +243,8 @@ def scheduled_status(
     return {
         "phase": phase,
         "nextFireAt": next_fire,
+        # as the sync has it for a row not fired yet: its sweep then finds nothing to patch
+        "attempts": int(previous.get("attempts") or 0),
         "observedGeneration": spec.generation,
         "conditions": conditions(previous.get("conditions"), ready, spec.generation, now),
     }

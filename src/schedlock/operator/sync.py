@@ -7,6 +7,12 @@ every row changed since the last sweep, so a lost notification or an operator re
 delays a status, never loses it.  Events are decided by comparing with the status already in
 the API, so replays and sweeps do not post twice.
 
+The status already in the API is read from kopf's in-memory index of the objects (``known``:
+what the watch delivered, no request), so an outcome costs one status PATCH and one Event.
+Until the watch shows the sync's own last write, that write stands for the object's status
+(the index's snapshot is the same object as when it was written); an object the index does
+not have (before the initial listing, or already gone) is read with a GET.
+
 Exactly one operator replica syncs at a time: the one holding the advisory lock
 ``(SCHEDLOCK_CLASS_ID, 1)`` on its own session; the others wait in ``pg_advisory_lock``.
 """
@@ -17,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -62,10 +69,13 @@ class StatusSync:
     _: KW_ONLY
     sweep_seconds: float
     holder: str
+    known: Callable[[str], dict[str, Any] | None] = field(default=lambda _uid: None)
     active: bool = field(default=False, init=False)
     _pending: set[int] = field(default_factory=set, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _watermark: datetime | None = field(default=None, init=False)
+    # uid -> (the index's snapshot when the sync patched, the status it wrote)
+    _written: dict[str, tuple[object, dict[str, Any]]] = field(default_factory=dict, init=False)
 
     @property
     def kube(self) -> KubeApi:
@@ -137,6 +147,11 @@ class StatusSync:
 
     async def sweep(self) -> None:
         """Re-sync every row changed since the last sweep (all rows on the first one)."""
+        self._written = {
+            uid: written
+            for uid, written in self._written.items()
+            if self.known(uid) is written[0]  # the watch has not shown the write yet
+        }
         while True:
             records, watermark = await self.store.changed_since(self._watermark)
             await self.sync_records(records)
@@ -172,10 +187,16 @@ class StatusSync:
         await asyncio.gather(*(sync(uid, record) for uid, record in latest.items()))
 
     async def sync_one(self, uid: str, record: PublishRecord) -> None:
-        obj = await self.kube.get(record.namespace, record.name)
+        snapshot = self.known(uid)
+        obj = snapshot or await self.kube.get(record.namespace, record.name)
         if obj is None or obj["metadata"].get("uid") != uid:
             return  # deleted, or re-created under the same name (a different object)
         old = obj.get("status") or {}
+        written = self._written.get(uid)
+        if written is not None and written[0] is snapshot:
+            old = {**old, **written[1]}  # our last write, not on the watch yet
+        else:
+            self._written.pop(uid, None)  # the watch has shown it (or something newer)
         now = datetime.now(UTC)
         if record.scheduler == Scheduler.RECURRING:
             schedule = await self.store.get_schedule(uid)
@@ -188,6 +209,8 @@ class StatusSync:
         if not mapping.status_changed(old, new):
             return
         await self.kube.patch_status(record.namespace, record.name, new)
+        if snapshot is not None:
+            self._written[uid] = (snapshot, new)
         event = mapping.event_for(old, new)
         if event is not None:
             await self.kube.post_event(

@@ -1,0 +1,136 @@
+"""What one ScheduledPublish costs the Kubernetes API: at most 4 requests of the operator.
+
+Counted, not timed: the API server's own ``apiserver_request_total`` (by verb and resource)
+before and after an object's life — create → row → fired → status Published and its Event.
+The test itself only creates and deletes objects and watches or lists them (WATCH and LIST are
+not counted: the operator's one watch serves every object), so what is left is the operator's:
+its status PATCHes, the PATCH of the object (finalizer and kopf's annotation), Events, GETs.
+The status sync's periodic sweep is set to an hour: it patches nothing for these objects (their
+statuses already match their rows, tests/unit/test_operator_mapping.py), but one falling between
+a handler's status PATCH and the watch delivering it would count a PATCH more.
+Real kube-apiserver + etcd, the operator under its ServiceAccount, PostgreSQL, two sidecars.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bench import kube_client
+from bench.scenarios.operator import PublishedWatch, apiserver_requests
+from schedlock.operator.handlers import FINALIZER
+from testbed.operators import OperatorStack, at, operator_stack_fixture
+from testbed.sidecars import wait_for
+
+NAMESPACE = "e2e-requests"
+GROUP, VERSION, PLURAL = "schedlock.dev", "v1", "scheduledpublishes"
+PER_OBJECT = 4
+COUNTED = ("scheduledpublishes", "scheduledpublishes/status", "events")
+
+
+class Stack(OperatorStack):
+    def spent(self, before: collections.Counter[str]) -> dict[str, int]:
+        """The requests on objects and Events since ``before``, but watches and lists."""
+        now = apiserver_requests(self.kube)
+        now.subtract(before)
+        spent = {}
+        for key, count in now.items():
+            verb, resource = key.split(" ", 1)
+            if count and resource in COUNTED and verb not in ("WATCH", "LIST"):
+                spent[key] = count
+        return spent
+
+
+stack = operator_stack_fixture(
+    Stack, NAMESPACE, operator_env={"SCHEDLOCK_SYNC_SWEEP_SECONDS": "3600"}
+)
+
+
+@pytest.fixture
+def api(stack: Stack) -> Any:
+    return kube_client.module("client").CustomObjectsApi(
+        kube_client.api_client(str(stack.kube.admin_kubeconfig))
+    )
+
+
+@pytest.fixture
+def watch(api: Any) -> Iterator[PublishedWatch]:
+    watching = PublishedWatch(api, NAMESPACE).start()
+    try:
+        yield watching
+    finally:
+        watching.stop()
+
+
+def create(api: Any, name: str, seconds: float) -> str:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ScheduledPublish",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"target": "demo", "publishAt": at(seconds)},
+    }
+    obj = api.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    return str(obj["metadata"]["uid"])
+
+
+def listed(api: Any, name: str) -> list[dict[str, Any]]:
+    """The object named ``name`` if it exists, from a LIST (a name selector would be a GET)."""
+    found = api.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+    return [obj for obj in found["items"] if obj["metadata"]["name"] == name]
+
+
+def test_an_object_costs_the_operator_at_most_four_requests(
+    stack: Stack, api: Any, watch: PublishedWatch
+) -> None:
+    # Warm-up: once an object is Published the status sync is active and past its first sweep.
+    warm = create(api, "warm-up", 0)
+    wait_for(lambda: warm in watch.published, timeout=60, what="warm-up Published")
+    # The second object's life also shows any request the first one still caused late.
+    for name in ("first", "second"):
+        before = apiserver_requests(stack.kube)
+        uid = create(api, name, 1)
+        wait_for(lambda u=uid: u in watch.published, timeout=30, what=f"{name} Published")
+        wait_for(lambda n=name: "Published" in stack.events(n), timeout=15, what="the Event")
+        spent = stack.spent(before)
+        assert spent.pop("POST scheduledpublishes") == 1  # the test's create
+        assert sum(spent.values()) <= PER_OBJECT, spent
+        assert spent.get("POST events") == 1, "one Event per outcome, none for 'Scheduled'"
+        [obj] = listed(api, name)
+        assert FINALIZER in obj["metadata"]["finalizers"]
+        assert obj["status"]["observedGeneration"] == 1
+        assert stack.events(name) == ["Published"]
+
+    # Deleting a fired object: our finalizer is released in one PATCH, no Event.
+    before = apiserver_requests(stack.kube)
+    api.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "first")
+    wait_for(lambda: not listed(api, "first"), timeout=20, what="first gone")
+    spent = stack.spent(before)
+    assert spent.pop("DELETE scheduledpublishes") == 1  # the test's delete
+    assert spent == {"PATCH scheduledpublishes": 1}
+
+
+def test_an_object_deleted_before_it_fires_costs_at_most_four_too(stack: Stack, api: Any) -> None:
+    before = apiserver_requests(stack.kube)
+    uid = create(api, "doomed", 600)
+    wait_for(
+        lambda: stack.sql("SELECT 1 FROM schedlock_publishes WHERE uid = %s", uid),
+        timeout=15,
+        what="the row",
+    )
+    wait_for(
+        lambda: FINALIZER in listed(api, "doomed")[0]["metadata"].get("finalizers", []),
+        timeout=15,
+        what="the finalizer",
+    )
+    api.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "doomed")
+    wait_for(lambda: not listed(api, "doomed"), timeout=20, what="doomed gone")
+    wait_for(lambda: "Cancelled" in stack.events("doomed"), timeout=15, what="the Event")
+    assert stack.sql("SELECT state FROM schedlock_publishes WHERE uid = %s", uid) == [
+        ("cancelled",)
+    ]
+    spent = stack.spent(before)
+    assert spent.pop("POST scheduledpublishes") == 1 and spent.pop("DELETE scheduledpublishes")
+    assert sum(spent.values()) <= PER_OBJECT, spent
