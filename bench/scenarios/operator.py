@@ -4,6 +4,8 @@ The real ``schedlock operator`` (its ServiceAccount bound to exactly the chart's
 webhook) and 2 sidecars run against the test kube-apiserver and PostgreSQL.  Objects are
 created by 16 client threads as fast as the API server takes them; for each object:
 
+* ``cr_to_watched_ms``: from its create call returning to the object arriving on a watch (what
+  the API server's watch delivery alone takes: the operator's own watch is no faster);
 * ``cr_to_row_ms``: from its create call returning to its row's ``created_at``;
 * ``cr_to_delivered_ms``: to the app receiving it;
 * ``cr_to_published_ms``: to ``status.phase == Published`` arriving on a watch of the objects.
@@ -53,6 +55,7 @@ class PublishedWatch:
         self.namespace = namespace
         self.watch: Any = None
         self.published: dict[str, float] = {}
+        self.seen: dict[str, float] = {}
         self.phases: dict[str, str] = {}
         self.resource_version: str | None = None
         self.restarts = 0
@@ -84,6 +87,7 @@ class PublishedWatch:
             obj = event["object"]
             meta = obj["metadata"]
             self.resource_version = meta.get("resourceVersion") or self.resource_version
+            self.seen.setdefault(meta["uid"], time.time())
             phase = (obj.get("status") or {}).get("phase") or ""
             self.phases[meta["uid"]] = phase
             if phase == "Published":
@@ -174,6 +178,7 @@ def run(ctx: Context) -> None:
         arrivals = {uid: e.arrival for uid, e in _first(receiver).items()}
         result: dict[str, Any] = {}
         for key, seen in (
+            ("cr_to_watched_ms", dict(watch.seen)),
             ("cr_to_row_ms", rows),
             ("cr_to_delivered_ms", arrivals),
             ("cr_to_published_ms", dict(watch.published)),

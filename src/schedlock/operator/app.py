@@ -28,7 +28,7 @@ from schedlock.store import ReadOnlyServer, Store, StoreError, open_store, wait_
 
 log = logging.getLogger("schedlock.operator")
 EXIT_FATAL = 1
-ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts (kopf runs 8 workers)
+ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts, and how many run at once
 
 
 class Readiness:
@@ -130,6 +130,7 @@ async def run_kopf(
         validate=settings.webhook_enabled,
         injection=settings.injection if settings.webhook_enabled else None,
         objects=objects,
+        sessions=ADMIN_POOL_SIZE,
     )
     sync = StatusSync(
         store,
