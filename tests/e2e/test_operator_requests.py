@@ -134,3 +134,31 @@ def test_an_object_deleted_before_it_fires_costs_at_most_four_too(stack: Stack, 
     spent = stack.spent(before)
     assert spent.pop("POST scheduledpublishes") == 1 and spent.pop("DELETE scheduledpublishes")
     assert sum(spent.values()) <= PER_OBJECT, spent
+
+
+def test_an_object_gone_without_the_finalizer_still_has_its_row_cancelled(
+    stack: Stack, api: Any
+) -> None:
+    """The window the finalizer leaves open (deleted after its row's upsert, before the patch
+    adding the finalizer), made wide: the finalizer is taken away, then the object deleted."""
+    uid = create(api, "unguarded", 600)
+    wait_for(
+        lambda: (
+            FINALIZER
+            in (listed(api, "unguarded") or [{"metadata": {}}])[0]["metadata"].get("finalizers", [])
+        ),
+        timeout=15,
+        what="the finalizer",
+    )
+    api.patch_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, "unguarded", {"metadata": {"finalizers": None}}
+    )
+    api.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "unguarded")
+    wait_for(
+        lambda: (
+            stack.sql("SELECT state FROM schedlock_publishes WHERE uid = %s", uid)
+            == [("cancelled",)]
+        ),
+        timeout=15,
+        what="the row cancelled",
+    )
