@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -470,3 +471,43 @@ def test_a_pooled_store_refuses_a_read_only_server_and_recovers_after_it(
     with psycopg.connect(migrated_database) as conn:
         uids = conn.execute("SELECT uid FROM schedlock_publishes ORDER BY uid").fetchall()
     assert uids == [("after",), ("before",)]
+
+
+def test_a_burst_on_a_busy_pool_probes_once_per_wait_not_once_per_waiter(
+    migrated_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 callers queue on a pool of 1 whose session is stuck behind a table lock: while they
+    wait, the direct attempts that find out why no session comes are one per wait interval for
+    all of them (one each would exhaust max_connections in a burst)."""
+    from schedlock.store import postgres as pg
+
+    wait, hold = 0.05, 1.0
+    monkeypatch.setattr(pg, "POOL_WAIT_SECONDS", wait)
+    probes = 0
+    real_connect = pg.connect
+
+    async def counting_connect(*args: Any, **kwargs: Any) -> Any:
+        nonlocal probes
+        probes += 1
+        return await real_connect(*args, **kwargs)
+
+    store = open_store(migrated_database, application_name="pool-burst", pool_size=1)
+
+    async def run() -> None:
+        with psycopg.connect(migrated_database) as locker:
+            locker.execute("LOCK TABLE schedlock_publishes IN EXCLUSIVE MODE")
+            first = asyncio.ensure_future(store.upsert_publish(spec(uid="held")))
+            await asyncio.sleep(0.2)  # the pool's one session now waits on the lock
+            monkeypatch.setattr(pg, "connect", counting_connect)
+            burst = asyncio.gather(*(store.upsert_publish(spec(uid=f"b{n}")) for n in range(40)))
+            await asyncio.sleep(hold)
+            locker.commit()  # releases the lock: the queue drains through the one session
+        await first
+        await burst
+        await store.close()
+
+    asyncio.run(run())
+    assert 1 <= probes <= 2 * hold / wait + 2, probes
+    with psycopg.connect(migrated_database) as conn:
+        count = conn.execute("SELECT count(*) FROM schedlock_publishes").fetchone()
+    assert count == (41,)

@@ -566,6 +566,9 @@ class PostgresConnector:
         self.application_name = application_name
         self.pool_size = pool_size
         self._pool: AsyncConnectionPool[Conn] | None = None
+        self._opening = asyncio.Lock()  # one pool per connector, however many callers race
+        self._probing = asyncio.Lock()  # one direct attempt at a time, for all waiters
+        self._probed_at = -POOL_WAIT_SECONDS
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -573,20 +576,21 @@ class PostgresConnector:
             await pool.close()
 
     async def _open_pool(self) -> AsyncConnectionPool[Conn]:
-        if self._pool is None:
-            pool = AsyncConnectionPool(
-                self.url,
-                connection_class=psycopg.AsyncConnection[DictRow],
-                kwargs=connect_kwargs(self.application_name),
-                min_size=0,
-                max_size=self.pool_size,
-                check=_writable_or_closed,
-                open=False,
-                name=self.application_name,
-            )
-            await pool.open()
-            self._pool = pool
-        return self._pool
+        async with self._opening:
+            if self._pool is None:
+                pool = AsyncConnectionPool(
+                    self.url,
+                    connection_class=psycopg.AsyncConnection[DictRow],
+                    kwargs=connect_kwargs(self.application_name),
+                    min_size=0,
+                    max_size=self.pool_size,
+                    check=_writable_or_closed,
+                    open=False,
+                    name=self.application_name,
+                )
+                await pool.open()
+                self._pool = pool
+            return self._pool
 
     async def _pooled(self) -> tuple[AsyncConnectionPool[Conn], Conn]:
         pool = await self._open_pool()
@@ -594,10 +598,20 @@ class PostgresConnector:
             try:
                 return pool, await pool.getconn(timeout=POOL_WAIT_SECONDS)
             except PoolTimeout:
-                # Every session busy, or none can be opened: a direct attempt says which
-                # (raising the server's own refusal), and a busy pool is waited for.
-                probe = await connect(self.url, application_name=self.application_name)
-                await probe.close()
+                await self._probe()
+
+    async def _probe(self) -> None:
+        """No session came within the wait: every one is busy, or none can be opened.  A direct
+        attempt says which (raising the server's own refusal); a busy pool is waited for.  One
+        attempt per wait interval serves every waiter, so a burst of callers queued on a busy
+        pool never opens a connection each (they would exhaust ``max_connections``)."""
+        async with self._probing:
+            loop = asyncio.get_running_loop()
+            if loop.time() - self._probed_at < POOL_WAIT_SECONDS:
+                return  # another waiter just found the server accepting
+            probe = await connect(self.url, application_name=self.application_name)
+            await probe.close()
+            self._probed_at = loop.time()
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[PostgresSession]:
