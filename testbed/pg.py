@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,10 +73,28 @@ def cache_root() -> Path:
     return Path(base) / "schedlock"
 
 
+# Ports handed out below Linux's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by
+# default) and below Kubernetes' NodePort range (30000-32767): the kernel never gives them to an
+# outgoing connection, so a port picked here is still free when the process meant for it binds
+# it a moment later (an ephemeral one was taken by a connection's local end under load: a chaos
+# sidecar failed to start).  One process walks the range from its own offset, never handing out
+# a port twice; a port some other process holds fails the bind check and is skipped.
+_PORT_RANGE = range(20000, 30000)
+_port_lock = threading.Lock()
+_next_port = itertools.count(os.getpid() * 7919 % len(_PORT_RANGE))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    with _port_lock:
+        for _ in range(len(_PORT_RANGE)):
+            port = _PORT_RANGE[next(_next_port) % len(_PORT_RANGE)]
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE.start}-{_PORT_RANGE.stop - 1}")
 
 
 def runtime_base() -> Path:

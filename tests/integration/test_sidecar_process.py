@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -87,3 +88,18 @@ def test_database_down_at_start_waits_not_ready_then_recovers(tmp_path: Path) ->
         sidecar.stop()
         server.destroy()
     assert sidecar.process is not None and sidecar.process.returncode == 0
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: Path, migrated_database: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        sidecar = SidecarProcess.for_stand_in_app("busy", tmp_path, migrated_database)
+        sidecar.http_port = port
+        sidecar.start()
+        assert sidecar.wait(timeout=30) == 1
+    assert sidecar.log_text().strip() == (
+        f"schedlock sidecar: error: cannot serve HTTP on 127.0.0.1:{port}: address already in use"
+        " (/metrics, /healthz, /readyz)"
+    )

@@ -7,11 +7,16 @@ the reason in one line, e.g. ``database not ready: role 'app' lacks INSERT on â€
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from aiohttp import web
 
 Readiness = Callable[[], tuple[bool, str]]
+
+
+class CannotServe(Exception):
+    """The HTTP port cannot be bound (in use, not permitted): one line, the process exits 1."""
 
 
 def health_app(readiness: Readiness) -> web.Application:
@@ -33,7 +38,12 @@ async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's is long
+        raise CannotServe(f"cannot serve HTTP on {host}:{port}: {why}") from exc
     bound = port
     for address in runner.addresses:  # the real port when 0 was asked for
         if isinstance(address, tuple) and len(address) >= 2:

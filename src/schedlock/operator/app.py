@@ -19,7 +19,7 @@ import kopf
 from kopf._core.engines import peering
 
 from schedlock.core.logs import Event
-from schedlock.core.probes import health_app, serve
+from schedlock.core.probes import CannotServe, health_app, serve
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
@@ -78,12 +78,8 @@ async def run(settings: OperatorSettings) -> int:
     stopping = asyncio.Event()
     try:
         runner, _ = await serve(health_app(readiness), "0.0.0.0", settings.health_port)
-    except OSError as exc:
-        print(
-            f"schedlock operator: error: cannot serve /healthz on port {settings.health_port}: "
-            f"{exc.strerror or exc}",
-            file=sys.stderr,
-        )
+    except CannotServe as exc:
+        print(f"schedlock operator: error: {exc} (/healthz, /readyz)", file=sys.stderr)
         return EXIT_FATAL
     try:
         with signals_stop(stopping):

@@ -25,7 +25,7 @@ import sys
 
 from schedlock.core.aio import Supervisor
 from schedlock.core.logs import Event
-from schedlock.core.probes import serve
+from schedlock.core.probes import CannotServe, serve
 from schedlock.core.settings import add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
@@ -94,11 +94,15 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        runner, self.http_port = await serve(
-            build_app(self.metrics.registry, self.readiness),
-            self.settings.http_host,
-            self.settings.http_port,
-        )
+        try:
+            runner, self.http_port = await serve(
+                build_app(self.metrics.registry, self.readiness),
+                self.settings.http_host,
+                self.settings.http_port,
+            )
+        except CannotServe as exc:
+            print(f"schedlock sidecar: error: {exc} (/metrics, /healthz, /readyz)", file=sys.stderr)
+            return EXIT_FATAL
         log.info(
             "sidecar started",
             extra={
