@@ -233,7 +233,7 @@ def test_schedlock_layers_hold_the_command_and_no_pip(schedlock_image: Image) ->
     schedlock_pkg = [
         n for n in files if n.startswith("/opt/schedlock/lib/python3.11/site-packages/")
     ]
-    assert any(n.endswith("/schedlock/cli.py") for n in schedlock_pkg)
+    assert any(n.endswith("/schedlock/cli/__init__.py") for n in schedlock_pkg)
     # The build's mount points (buildah leaves them empty in the layer; hack/images.sh drops
     # them) and the sources never reach the image.
     for plumbing in ("/etc/pip.conf", "/run/host-ca.crt", "/etc/hosts", "/etc/resolv.conf"):
