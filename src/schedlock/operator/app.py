@@ -28,7 +28,7 @@ from schedlock.store import ReadOnlyServer, Store, StoreError, open_store, wait_
 
 log = logging.getLogger("schedlock.operator")
 EXIT_FATAL = 1
-ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts, and how many run at once
+ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts (a burst queues in the pool)
 
 
 class Readiness:
@@ -126,7 +126,6 @@ async def run_kopf(
         validate=settings.webhook_enabled,
         injection=settings.injection if settings.webhook_enabled else None,
         objects=objects,
-        sessions=ADMIN_POOL_SIZE,
     )
     sync = StatusSync(
         store,

@@ -17,7 +17,6 @@ outcomes only (here: an invalid spec, a cancel on delete; the sync posts the fir
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -104,12 +103,8 @@ def build_registry(
     validate: bool,
     injection: InjectionConfig | None = None,
     objects: ObjectIndex | None = None,
-    sessions: int = 4,
 ) -> kopf.OperatorRegistry:
-    """The handlers; ``sessions``: the store's pool, the most handlers that use it at once (a
-    burst of objects waits here, not in the pool, whose wait ends in a connection attempt)."""
     registry = kopf.OperatorRegistry()
-    slots = asyncio.Semaphore(sessions)
     resource = (GROUP, VERSION, PLURAL)
 
     if objects is not None:
@@ -142,11 +137,10 @@ def build_registry(
             kopf.warn(body, reason="InvalidSpec", message=str(exc))
             raise kopf.PermanentError(str(exc)) from exc
         try:
-            async with slots:
-                if isinstance(spec, PublishSpec):
-                    result = await store.upsert_publish(spec)
-                else:
-                    result = await store.upsert_schedule(spec)
+            if isinstance(spec, PublishSpec):
+                result = await store.upsert_publish(spec)
+            else:
+                result = await store.upsert_schedule(spec)
         except StoreUnavailable as exc:
             raise kopf.TemporaryError(f"database unavailable: {exc}", delay=5) from exc
         except StoreError as exc:
@@ -171,10 +165,9 @@ def build_registry(
         decorator(*resource, registry=registry, id="upsert", retries=RETRIES, backoff=5)(upsert)
 
     async def cancel_rows(uid: str, spec: kopf.Spec) -> bool:
-        async with slots:
-            if spec.get("schedule"):
-                return await store.cancel_schedule(uid) >= 0
-            return await store.cancel_publish(uid)
+        if spec.get("schedule"):
+            return await store.cancel_schedule(uid) >= 0
+        return await store.cancel_publish(uid)
 
     # when=held: kopf requires the finalizer only where the upsert already put it (no PATCH
     # of its own on create), and keeps it there until this handler succeeded
