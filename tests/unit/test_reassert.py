@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from schedlock.operator.reassert import handled, plan, recorded_outcome, snapshot
+from schedlock.operator.reassert import (
+    Reasserter,
+    handled,
+    lost_outcome,
+    plan,
+    recorded_outcome,
+    snapshot,
+)
 from schedlock.operator.settings import OperatorSettings
-from schedlock.store import PublishSpec, RecordedOutcome, RowVersion, ScheduleSpec
+from schedlock.store import PublishSpec, RecordedOutcome, RowVersion, ScheduleSpec, Store
+from testbed.virtual_time import run
 
 DUE = "2030-01-01T00:00:00Z"
 
@@ -108,3 +117,46 @@ def test_the_snapshot_is_a_plain_copy() -> None:
     assert recorded_outcome({"phase": "Failed", "lastError": "HTTP 400"}) == RecordedOutcome(
         "failed", last_error="HTTP 400"
     )
+
+
+def test_a_row_back_in_scheduled_under_a_recorded_outcome_has_lost_it() -> None:
+    published = obj("a", phase="Published")
+    assert lost_outcome(published, 1, "scheduled")
+    assert lost_outcome(published, 1, "suspended")
+    assert not lost_outcome(published, 1, "published")  # it says the same
+    assert not lost_outcome(published, 1, "firing")  # the leader owns it
+    assert not lost_outcome(published, 2, "scheduled")  # a newer generation: news
+    assert not lost_outcome(obj("a"), 1, "scheduled")  # no outcome recorded
+    assert not lost_outcome(obj("a", generation=2, phase="Published"), 2, "scheduled")  # updating
+
+
+class Rows:
+    """A store that only answers the pass's one query (no rows: everything is missing)."""
+
+    def __init__(self) -> None:
+        self.passes: list[float] = []
+
+    async def row_versions(self, uids: list[str]) -> list[RowVersion]:
+        self.passes.append(asyncio.get_running_loop().time())
+        return [row(uid, state="published") for uid in uids]
+
+
+def test_a_wake_runs_the_next_pass_at_once_not_an_interval_later() -> None:
+    rows = Rows()
+
+    async def main() -> list[float]:
+        stopping = asyncio.Event()
+        reasserter = Reasserter(
+            cast(Store, rows), lambda: [obj("a", phase="Published")], interval=60,
+            wanted=lambda _uid: True,
+        )  # fmt: skip
+        task = asyncio.create_task(reasserter.run(stopping))
+        await asyncio.sleep(10)
+        reasserter.wake()
+        await asyncio.sleep(1)
+        stopping.set()
+        await task
+        return rows.passes
+
+    first, woken = run(main())
+    assert woken - first == 10  # at the wake, not at the 60 s interval

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -40,8 +41,11 @@ class SlowApi:
         await self._call("event", obj["metadata"]["name"])
 
 
+FIRED = datetime(2026, 12, 1, 10, 0, 0, 500000, tzinfo=UTC)  # one outcome, replayed: the same
+
+
 def published(n: int) -> PublishRecord:
-    now = datetime.now(UTC)
+    now = FIRED
     return PublishRecord(
         id=n, scheduler="publish", namespace="ns", name=f"o{n}", uid=f"uid-o{n}", generation=1,
         target="demo", due_at=now, next_attempt_at=now, payload={}, state="published",
@@ -83,3 +87,40 @@ def test_with_the_index_an_outcome_costs_a_patch_and_an_event_and_a_replay_nothi
     index["uid-o0"] = {**index["uid-o0"], "status": written}
     asyncio.run(sync.sync_records([published(0)]))
     assert api.calls == [] and "uid-o0" not in sync._written
+
+
+class Patches:
+    """Records the status patches (any phase) and posts nothing."""
+
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        raise AssertionError("the index has the object")
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.phases.append(status["phase"])
+
+    async def post_event(
+        self, obj: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        pass
+
+
+def test_a_row_back_in_scheduled_under_a_published_status_wakes_the_reassertion() -> None:
+    api = Patches()
+    status = {"phase": "Published", "observedGeneration": 1, "attempts": 1}
+    meta = {"name": "o0", "namespace": "ns", "uid": "uid-o0", "generation": 1}
+    index = {"uid-o0": {"metadata": meta, "status": status}}
+    woken: list[bool] = []
+    sync = StatusSync(
+        cast(Store, None), api, sweep_seconds=30, holder="t", known=index.get,
+        lost=lambda: woken.append(True),
+    )  # fmt: skip
+    reverted = dataclasses.replace(published(0), state="scheduled", attempts=0, term=None)
+    asyncio.run(sync.sync_records([reverted]))
+    assert api.phases == [] and woken == [True]  # the status keeps its outcome
+    # A newer generation (an update re-armed it) back in `scheduled` is news: reflected.
+    index["uid-o0"] = {"metadata": {**meta, "generation": 2}, "status": status}
+    asyncio.run(sync.sync_records([dataclasses.replace(reverted, generation=2)]))
+    assert api.phases == ["Scheduled"] and woken == [True]

@@ -127,19 +127,20 @@ async def run_kopf(
         injection=settings.injection if settings.webhook_enabled else None,
         objects=objects,
     )
-    sync = StatusSync(
-        store,
-        None,
-        sweep_seconds=settings.sweep_seconds,
-        holder=settings.holder_name,
-        known=objects.get,  # the status in the API, from the watch: no GET per outcome
-    )
     reasserter = Reasserter(
         store,
         objects.objects,
         interval=settings.reassert_seconds,
         wanted=objects.wanted,
         report=readiness.report_writes,
+    )
+    sync = StatusSync(
+        store,
+        None,
+        sweep_seconds=settings.sweep_seconds,
+        holder=settings.holder_name,
+        known=objects.get,  # the status in the API, from the watch: no GET per outcome
+        lost=reasserter.wake,  # a row that lost its outcome: restore it now
     )
     sync_task = asyncio.create_task(sync.run(stopping), name="status-sync")
     reassert_task = asyncio.create_task(reasserter.run(stopping), name="reassert")

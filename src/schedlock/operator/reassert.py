@@ -12,7 +12,8 @@ differs:
 * an object whose status records a terminal outcome (Published, Failed, Missed) whose row is
   missing or back in ``scheduled``: the row is stored in that outcome (attempts, fire time,
   term and holder from the status), so it never fires again and the status sync finds
-  nothing to change.
+  nothing to change.  The sync never reflects such a row into the status (it would erase
+  the outcome this pass restores from); it wakes the next pass instead (:meth:`Reasserter.wake`).
 
 Invariants: the object is the source of truth, but only once the handlers are done with it
 (``status.observedGeneration`` equals ``metadata.generation``): a newer generation, an object
@@ -106,6 +107,23 @@ class Plan:
         return len(self.upserts) + len(self.restores)
 
 
+def went_back(row_generation: int, row_state: str, generation: int) -> bool:
+    """Whether a row of ``generation`` (or older) is back where it would fire again."""
+    return row_generation <= generation and row_state in REARMABLE
+
+
+def lost_outcome(obj: Mapping[str, Any], row_generation: int, row_state: str) -> bool:
+    """Whether ``obj``'s status records an outcome its row has lost (the row went back).
+
+    Such a row is restored by the re-assertion, never reflected: its ``scheduled`` is a
+    restore from an older backup or a lost transaction, not news.
+    """
+    if not handled(obj) or recorded_outcome(obj.get("status") or {}) is None:
+        return False
+    generation = int((obj.get("metadata") or {}).get("generation") or 1)
+    return went_back(row_generation, row_state, generation)
+
+
 def handled(obj: Mapping[str, Any]) -> bool:
     """Whether the handlers are done with the object's current generation (a pass owns it)."""
     meta = obj.get("metadata") or {}
@@ -136,7 +154,7 @@ def plan(objects: Iterable[Mapping[str, Any]], versions: Iterable[RowVersion]) -
         row = rows.get((Scheduler.PUBLISH, spec.uid))
         outcome = recorded_outcome(obj.get("status") or {})
         if outcome is not None:
-            if row is None or (row.generation <= spec.generation and row.state in REARMABLE):
+            if row is None or went_back(row.generation, row.state, spec.generation):
                 result.restores.append((spec, outcome))
         elif row is None or row.generation < spec.generation:
             result.upserts.append(spec)
@@ -170,6 +188,11 @@ class Reasserter:
         self.wanted = wanted  # does the object still exist, not being deleted (live index)
         self.report = report or (lambda _error: None)
         self.last: PassResult | None = None
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Run the next pass now (the status sync saw a row that lost its outcome)."""
+        self._wake.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -187,7 +210,8 @@ class Reasserter:
                     "re-assertion pass failed, retrying",
                     extra={"event": Event.REASSERT_FAILED, "error": str(exc)},
                 )
-            await sleep_unless(self.interval, stopping)
+            await sleep_unless(self.interval, stopping, self._wake)
+            self._wake.clear()
 
     async def once(self) -> PassResult:
         started = time.perf_counter()

@@ -13,6 +13,10 @@ Until the watch shows the sync's own last write, that write stands for the objec
 (the index's snapshot is the same object as when it was written); an object the index does
 not have (before the initial listing, or already gone) is read with a GET.
 
+A row back in ``scheduled`` under a status that records its outcome (Published, Failed,
+Missed) for the same generation is not news but a row that went back in time: the status
+keeps the outcome and the sync wakes the re-assertion, which stores the row in it again.
+
 Exactly one operator replica syncs at a time: the one holding the advisory lock
 ``(SCHEDLOCK_CLASS_ID, 1)`` on its own session; the others wait in ``pg_advisory_lock``.
 """
@@ -31,7 +35,7 @@ from typing import Any, Protocol
 from schedlock.core.aio import Backoff, sleep_unless, unless_set
 from schedlock.core.identities import Scheduler, schedule_uid_of
 from schedlock.core.logs import Event
-from schedlock.operator import mapping
+from schedlock.operator import mapping, reassert
 from schedlock.operator.kube import Kube, KubeError
 from schedlock.store import Channel, HeldLock, PublishRecord, Store, StoreError
 
@@ -70,6 +74,8 @@ class StatusSync:
     sweep_seconds: float
     holder: str
     known: Callable[[str], dict[str, Any] | None] = field(default=lambda _uid: None)
+    # called when a row lost the outcome its object's status records (the re-assertion's job)
+    lost: Callable[[], None] = field(default=lambda: None)
     active: bool = field(default=False, init=False)
     _pending: set[int] = field(default_factory=set, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
@@ -204,6 +210,11 @@ class StatusSync:
                 return
             last_slot = await self.store.latest_slot(uid)
             new = mapping.status_for_schedule(schedule, last_slot, old, schedule.generation, now)
+        elif reassert.lost_outcome({**obj, "status": old}, record.generation, record.state):
+            # The row went back in time (a restore, a lost transaction): the status keeps the
+            # outcome and the re-assertion puts the row back in it, before it can fire again.
+            self.lost()
+            return
         else:
             new = mapping.status_for_publish(record, old, record.generation, now)
         if not mapping.status_changed(old, new):
