@@ -25,13 +25,13 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from bench import kube_client
-from bench.deliveries import DeliveryLog
 from bench.env import BenchEnv
 from bench.peers import jobs
 from bench.profiles import Profile
 from schedlock.core.identities import parse_rfc3339
 from schedlock.core.logs import Event, records
 from schedlock.store.keys import LockKey
+from testbed.deliveries import DeliveryLog
 from testbed.procs import NamedProcess, die_with_parent, terminate
 from testbed.sidecars import REPO, Deadline, ReceiverProcess, SidecarProcess
 from testbed.tools import tool

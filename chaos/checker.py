@@ -76,6 +76,7 @@ from chaos.plan import (
 )
 from schedlock.core.identities import Scheduler, parse_rfc3339, parse_slot_uid, scheduler_of
 from schedlock.core.logs import Event, records
+from testbed.deliveries import Delivery
 
 UNPLANNED = "unplanned_stepdown"
 INJECTED_APP_STATUSES = frozenset({503, 504})
@@ -102,37 +103,7 @@ MUST_BE_ZERO = (
 )
 
 
-@dataclass(frozen=True)
-class Entry:
-    uid: str
-    key: str
-    term: int
-    attempt: int
-    holder: str
-    target: str
-    arrival: float
-    status: int
-    scheduled: float | None = field(default=None, compare=False)  # due time, database clock
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    @classmethod
-    def parse(cls, e: dict[str, Any]) -> Entry:
-        """One line of a receiver's ``deliveries.jsonl`` (``testbed.receiver``)."""
-        scheduled = e.get("scheduledAt")
-        return cls(
-            uid=str(e["uid"]),
-            key=str(e.get("key")),
-            term=int(e.get("term") or 0),
-            attempt=int(e.get("attempt") or 0),
-            holder=str(e.get("holder")),
-            target=str(e.get("target")),
-            arrival=float(e["arrival"]),
-            status=int(e["status"]),
-            scheduled=_ts(str(scheduled)) if scheduled else None,
-        )
+Entry = Delivery  # one line of a receiver's ``deliveries.jsonl`` (``testbed.receiver``)
 
 
 @dataclass(frozen=True)
@@ -184,7 +155,7 @@ def load(rundir: Path) -> RunData:
     config = ChaosConfig.from_json(run["config"])
     entries: list[Entry] = []
     for path in sorted(rundir.glob("receiver-*/deliveries.jsonl")):
-        entries.extend(Entry.parse(e) for e in _jsonl(path))
+        entries.extend(Entry.from_receiver(e) for e in _jsonl(path))
     entries.sort(key=lambda e: e.arrival)
     faults = [
         Fault(

@@ -414,7 +414,7 @@ class Demo:
         events = []
         for line in lines:
             if line.strip():
-                delivery = Entry.parse(json.loads(line))
+                delivery = Entry.from_receiver(json.loads(line))
                 events.append(self._on_delivery(delivery))
         return events
 

@@ -36,9 +36,9 @@ from typing import Any
 
 import psycopg
 
-from schedlock.core.identities import parse_rfc3339
 from testbed import pg
 from testbed.cluster import Cluster
+from testbed.deliveries import Delivery
 from testbed.helm import CHART, Helm
 from testbed.procs import output
 from testbed.sidecars import parse_metrics, wait_for
@@ -180,52 +180,6 @@ class HostDatabase:
 # --------------------------------------------------------------------------- recorder
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """One delivery as the demo app received it (the app forwards it before answering)."""
-
-    uid: str
-    key: str
-    term: int
-    attempt: int
-    holder: str
-    pod: str
-    scheduled_at: float  # epoch seconds
-    arrival: float  # epoch seconds, the app's clock (the node's: the host's)
-
-    @property
-    def late_seconds(self) -> float:
-        return self.arrival - self.scheduled_at
-
-    def as_check_entry(self) -> dict[str, object]:
-        """The shape testbed.checks.assert_duplicates_only_across_crash reads."""
-        return {
-            "uid": self.uid,
-            "key": self.key,
-            "term": self.term,
-            "holder": self.holder,
-            "arrival": self.arrival,
-        }
-
-
-def _epoch(value: object) -> float:
-    return parse_rfc3339(str(value)).timestamp()
-
-
-def parse_delivery(record: Mapping[str, Any]) -> Delivery:
-    """A demo app record (``examples/demo-app/app.py`` ``delivery_record``) as a Delivery."""
-    return Delivery(
-        uid=str(record["uid"]),
-        key=str(record["idempotencyKey"]),
-        term=int(record.get("term") or 0),
-        attempt=int(record.get("attempt") or 0),
-        holder=str(record.get("holder") or ""),
-        pod=str(record.get("pod") or ""),
-        scheduled_at=_epoch(record["scheduledAt"]),
-        arrival=_epoch(record["receivedAt"]),
-    )
-
-
 class Recorder:
     """An HTTP endpoint on the host collecting every delivery the demo apps forward."""
 
@@ -280,7 +234,7 @@ class Recorder:
             return list(self._records)
 
     def deliveries(self, prefix: str | None = None) -> list[Delivery]:
-        found = [parse_delivery(r) for r in self.records()]
+        found = [Delivery.from_demo_app(r) for r in self.records()]
         return [d for d in found if prefix is None or d.uid.startswith(prefix)]
 
     def __enter__(self) -> Recorder:

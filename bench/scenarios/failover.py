@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.context import Context
-from bench.deliveries import DeliveryLog
 from bench.profiles import PEERS
 from bench.rows import RowStream
 from bench.stats import summarize
 from bench.systems import INSTANCES, Instance, Replica, acquired_at, hard_kill, until
+from testbed.deliveries import DeliveryLog
 from testbed.sidecars import SidecarProcess
 
 SIGNALS = {
@@ -72,7 +72,7 @@ def _first_after(
         for e in entries[max(0, mark - 200) :]
         if e.arrival > t_signal
         and e.holder != victim
-        and (due_after is None or (e.scheduled_at or 0.0) > due_after)
+        and (due_after is None or (e.scheduled or 0.0) > due_after)
     ]
     return min(found) if found else None
 

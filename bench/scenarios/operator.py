@@ -326,6 +326,6 @@ def _apiserver_rejected(kube: KubeAPIServer) -> dict[str, float]:
 
 
 def _first(receiver: ReceiverProcess) -> dict[str, Any]:
-    from bench.deliveries import DeliveryLog
+    from testbed.deliveries import DeliveryLog
 
     return DeliveryLog(receiver.log_path).first_arrivals()

@@ -34,11 +34,11 @@ import time
 from typing import Any
 
 from bench.context import Context
-from bench.deliveries import DeliveryLog
 from bench.rows import insert_due
 from bench.stats import summarize
 from bench.systems import rss_mb, until
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
+from testbed.deliveries import DeliveryLog
 from testbed.sidecars import ReceiverProcess, SidecarProcess
 
 SAMPLES = 10

@@ -24,10 +24,10 @@ import yaml
 
 from monitoring import generate
 from testbed.checks import assert_duplicates_only_across_crash
+from testbed.deliveries import Delivery
 from testbed.helm import CHART
 from testbed.incluster import (
     INJECTED_LABEL,
-    Delivery,
     Product,
     StreamVerdict,
     installed_product,

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from testbed.deliveries import Delivery
+
 APP = Path(__file__).resolve().parents[2] / "examples" / "demo-app" / "app.py"
 
 
@@ -246,3 +248,15 @@ def test_sigterm_drains_for_drain_seconds_then_exits_0() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_its_record_reads_as_the_same_delivery_as_the_host_receivers_line() -> None:
+    received = datetime(2026, 12, 1, 10, 0, 0, 250000, tzinfo=UTC)
+    record = demo.delivery_record(
+        json.dumps(DELIVERY).encode(), idempotency_key="k", signature=None, pod="web-0-pod",
+        received=received,
+    )  # fmt: skip
+    line = {**DELIVERY, "key": "k", "arrival": received.timestamp(), "status": 200}
+    assert Delivery.from_demo_app(record) == Delivery.from_receiver(line)
+    assert Delivery.from_demo_app(record).pod == "web-0-pod"
+    assert Delivery.from_demo_app(record).late_seconds == 0.25

@@ -1,0 +1,35 @@
+"""The delivery records of the recording apps, read as one type (``testbed.deliveries``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from testbed.deliveries import Delivery, DeliveryLog
+
+LINE = {
+    "uid": "u1", "key": "u1/2026-12-01T10:00:00Z", "term": 3, "attempt": 2, "holder": "web-0",
+    "target": "web", "scheduledAt": "2026-12-01T10:00:00Z", "arrival": 1796119200.25,
+    "status": 503,
+}  # fmt: skip
+
+
+def test_a_receiver_line_is_typed() -> None:
+    got = Delivery.from_receiver(LINE)
+    assert got == Delivery(
+        "u1", "u1/2026-12-01T10:00:00Z", 3, 2, "web-0", 1796119200.25, 503, "web"
+    )
+    assert got.scheduled == 1796119200.0 and got.late_seconds == 0.25 and not got.ok
+
+
+def test_the_log_is_tailed_a_whole_line_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "deliveries.jsonl"
+    log = DeliveryLog(path)
+    assert log.refresh() == []  # not written yet
+    text = json.dumps(LINE) + "\n" + json.dumps({**LINE, "uid": "u2", "arrival": 1796119199.0})
+    path.write_text(text[:-5])  # the second line still being written
+    assert [d.uid for d in log.refresh()] == ["u1"]
+    path.write_text(text + "\n" + json.dumps({**LINE, "arrival": 1796119201.0}) + "\n")
+    assert [d.uid for d in log.refresh()] == ["u1", "u2", "u1"]
+    first = log.first_arrivals()
+    assert first["u1"].arrival == 1796119200.25 and first["u2"].arrival == 1796119199.0
