@@ -3,7 +3,8 @@
 The operator never fires anything: it only writes rows (keyed by the object's uid and
 generation, so replays are no-ops) and reflects outcomes back (``schedlock.operator.sync``).
 Errors are mapped on purpose: a database that is down is a ``TemporaryError`` (retried with a
-delay, bounded), a spec that cannot work is a ``PermanentError`` with a Warning Event.
+delay, bounded), a spec that cannot work is marked ``InvalidSpec`` with one Warning Event
+(:func:`invalid`) and not retried.
 
 API cost: an object's create costs two PATCHes — one of the object (the finalizer and kopf's
 last-handled annotation, one merge patch) and one of its status.  kopf would add its finalizer
@@ -97,6 +98,29 @@ def hold(body: kopf.Body, patch: kopf.Patch) -> None:
         patch.metadata["finalizers"] = [*(body.meta.get("finalizers") or []), FINALIZER]
 
 
+def invalid(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, problem: str) -> None:
+    """A spec that cannot work: status Failed, Ready=False InvalidSpec, one Warning Event.
+
+    Not retried, and not raised (kopf would post a second Warning of its own).  Said once per
+    generation: a resume (operator restart) of an object already marked so changes nothing.
+    """
+    generation = int(body.meta.get("generation") or 1)
+    ready = mapping.Ready("False", "InvalidSpec", problem)
+    said = mapping.ready_condition(status)
+    if (
+        status.get("observedGeneration") == generation
+        and said is not None
+        and (said.get("reason"), said.get("message")) == (ready.reason, ready.message)
+    ):
+        return
+    patch.status["phase"] = "Failed"
+    patch.status["observedGeneration"] = generation
+    patch.status["conditions"] = mapping.conditions(
+        status.get("conditions"), ready, generation, datetime.now(UTC)
+    )
+    kopf.warn(body, reason="InvalidSpec", message=problem)
+
+
 def build_registry(
     store: Store,
     *,
@@ -127,15 +151,8 @@ def build_registry(
         try:
             spec = mapping.desired(body)
         except mapping.InvalidSpec as exc:
-            patch.status["phase"] = "Failed"
-            patch.status["conditions"] = mapping.conditions(
-                status.get("conditions"),
-                mapping.Ready("False", "InvalidSpec", str(exc)),
-                int(body.meta.get("generation") or 1),
-                datetime.now(UTC),
-            )
-            kopf.warn(body, reason="InvalidSpec", message=str(exc))
-            raise kopf.PermanentError(str(exc)) from exc
+            invalid(body, status, patch, str(exc))
+            return
         try:
             if isinstance(spec, PublishSpec):
                 result = await store.upsert_publish(spec)

@@ -109,11 +109,20 @@ class Ready:
     message: str
 
 
+def _ready_in(conditions: Sequence[Mapping[str, Any]] | None) -> Mapping[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == "Ready"), None)
+
+
+def ready_condition(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The status's Ready condition (None: it has none yet)."""
+    return _ready_in(status.get("conditions"))
+
+
 def conditions(
     previous: Sequence[Mapping[str, Any]] | None, ready: Ready, generation: int, now: datetime
 ) -> list[dict[str, Any]]:
     """The whole conditions list; lastTransitionTime moves only when the status changes."""
-    old = next((c for c in previous or [] if c.get("type") == "Ready"), None)
+    old = _ready_in(previous)
     transitioned = old is None or old.get("status") != ready.status
     when = rfc3339(now) if transitioned or not old else old.get("lastTransitionTime")
     kept = [dict(c) for c in previous or [] if c.get("type") != "Ready"]
@@ -279,10 +288,8 @@ def event_for(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> EventSpe
 
 
 def _ready_reason(status: Mapping[str, Any]) -> str | None:
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "Ready":
-            return str(condition.get("reason"))
-    return None
+    ready = ready_condition(status)
+    return None if ready is None else str(ready.get("reason"))
 
 
 def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
