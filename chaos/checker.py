@@ -103,9 +103,6 @@ MUST_BE_ZERO = (
 )
 
 
-Entry = Delivery  # one line of a receiver's ``deliveries.jsonl`` (``testbed.receiver``)
-
-
 @dataclass(frozen=True)
 class Fault:
     kind: str
@@ -123,7 +120,7 @@ class RunData:
     t_end: float
     expected: dict[str, dict[str, Any]]  # uid -> {kind, target, due}
     schedules: dict[str, dict[str, Any]]  # uid -> {target, first_slot}
-    entries: list[Entry]
+    entries: list[Delivery]
     faults: list[Fault]
     db: dict[str, dict[str, Any]]  # uid -> final row
     stepdowns: list[dict[str, Any]]  # leading sidecars that logged lock_session_lost
@@ -153,9 +150,9 @@ def _ts(text: str) -> float:
 def load(rundir: Path) -> RunData:
     run = json.loads((rundir / "run.json").read_text())
     config = ChaosConfig.from_json(run["config"])
-    entries: list[Entry] = []
+    entries: list[Delivery] = []
     for path in sorted(rundir.glob("receiver-*/deliveries.jsonl")):
-        entries.extend(Entry.from_receiver(e) for e in _jsonl(path))
+        entries.extend(Delivery.from_receiver(e) for e in _jsonl(path))
     entries.sort(key=lambda e: e.arrival)
     faults = [
         Fault(
@@ -209,7 +206,7 @@ def sidecar_events(logdir: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
 # ------------------------------------------------------------------------------- fault maths
 
 
-def lock_key(entry: Entry, namespace: str) -> str:
+def lock_key(entry: Delivery, namespace: str) -> str:
     return f"{scheduler_of(entry.uid)}/{namespace}/{entry.target}"
 
 
@@ -266,7 +263,7 @@ def classify_stepdowns(data: RunData) -> tuple[list[Fault], list[dict[str, Any]]
 
 
 def crashes(
-    faults: list[Fault], cfg: ChaosConfig, entry: Entry, key: str | None = None
+    faults: list[Fault], cfg: ChaosConfig, entry: Delivery, key: str | None = None
 ) -> Iterator[tuple[Fault, float, float]]:
     """The crash-like faults that touched ``entry``'s lock key and holder, with their
     in-flight windows."""
@@ -277,7 +274,7 @@ def crashes(
 
 
 def crash_explains(
-    faults: list[Fault], cfg: ChaosConfig, first: Entry, again: Entry
+    faults: list[Fault], cfg: ChaosConfig, first: Delivery, again: Delivery
 ) -> Fault | None:
     """The crash-like fault that ended ``first``'s term while its outcome was not recorded."""
     for f, lo, hi in crashes(faults, cfg, first):
@@ -286,7 +283,9 @@ def crash_explains(
     return None
 
 
-def refire_excused(faults: list[Fault], cfg: ChaosConfig, prev: Entry, cur: Entry) -> Fault | None:
+def refire_excused(
+    faults: list[Fault], cfg: ChaosConfig, prev: Delivery, cur: Delivery
+) -> Fault | None:
     """The fault that excuses ``cur`` as a re-delivery of ``prev``: the same Idempotency-Key, a
     later term (after an asynchronous fail-over its terms are lost too, so any term), and a
     crash that ended ``prev``'s term while its outcome was not recorded."""
@@ -307,7 +306,7 @@ def check(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
     unplanned, unplanned_details = classify_stepdowns(data)
     faults = data.faults + unplanned
 
-    by_uid: dict[str, list[Entry]] = collections.defaultdict(list)
+    by_uid: dict[str, list[Delivery]] = collections.defaultdict(list)
     for e in data.entries:
         by_uid[e.uid].append(e)
 
@@ -335,7 +334,7 @@ def check(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
     key_changes = [uid for uid, got in by_uid.items() if len({e.key for e in got}) > 1]
 
     # -- overlapping terms --------------------------------------------------------------------
-    per_key: dict[str, list[Entry]] = collections.defaultdict(list)
+    per_key: dict[str, list[Delivery]] = collections.defaultdict(list)
     for e in data.entries:
         per_key[lock_key(e, ns)].append(e)
     overlaps: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
@@ -455,7 +454,7 @@ def _notes(data: RunData, key_changes: list[str], unknown: list[str]) -> list[st
     return notes
 
 
-def _pair(uid: str, prev: Entry, cur: Entry, t0: float) -> dict[str, Any]:
+def _pair(uid: str, prev: Delivery, cur: Delivery, t0: float) -> dict[str, Any]:
     return {
         "uid": uid,
         "first": {
@@ -474,7 +473,7 @@ def _pair(uid: str, prev: Entry, cur: Entry, t0: float) -> dict[str, Any]:
 
 
 def _overlap_excused(
-    faults: list[Fault], cfg: ChaosConfig, late: Entry, key: str, successor_first: float
+    faults: list[Fault], cfg: ChaosConfig, late: Delivery, key: str, successor_first: float
 ) -> bool:
     return any(
         f.start <= successor_first and late.arrival <= hi
@@ -490,11 +489,11 @@ def _slot_of(uid: str) -> tuple[str, float] | None:
 def _recurring(
     data: RunData,
     faults: list[Fault],
-    by_uid: dict[str, list[Entry]],
+    by_uid: dict[str, list[Delivery]],
     unexplained_uids: set[str],
 ) -> dict[str, Any]:
     delivered: dict[tuple[str, int], set[str]] = collections.defaultdict(set)
-    attempted: dict[tuple[str, int], list[Entry]] = collections.defaultdict(list)
+    attempted: dict[tuple[str, int], list[Delivery]] = collections.defaultdict(list)
     off_grid = []
     for uid, got in by_uid.items():
         slot = _slot_of(uid)
@@ -613,7 +612,7 @@ def outage_windows(data: RunData, faults: list[Fault]) -> dict[str, list[tuple[f
     return windows
 
 
-def _lateness(data: RunData, by_uid: dict[str, list[Entry]]) -> dict[str, Any]:
+def _lateness(data: RunData, by_uid: dict[str, list[Delivery]]) -> dict[str, Any]:
     """Seconds from due to the first 2xx arrival, for rows whose due time is known."""
     late = []
     for uid, row in data.db.items():
@@ -634,7 +633,7 @@ def _lateness(data: RunData, by_uid: dict[str, list[Entry]]) -> dict[str, Any]:
     }
 
 
-def first_new_term_arrival(entries: list[Entry], start: float) -> float | None:
+def first_new_term_arrival(entries: list[Delivery], start: float) -> float | None:
     """When the first delivery of a term newer than the last one seen by ``start`` arrived
     (``entries``: one lock key's, in arrival order): the hand-over as the app sees it."""
     before = max((e.term for e in entries if e.arrival <= start), default=0)
@@ -644,7 +643,7 @@ def first_new_term_arrival(entries: list[Entry], start: float) -> float | None:
 def _failovers(data: RunData) -> list[dict[str, Any]]:
     """For each leader-ending fault: seconds until a newer term's first arrival per key."""
     out = []
-    per_key: dict[str, list[Entry]] = collections.defaultdict(list)
+    per_key: dict[str, list[Delivery]] = collections.defaultdict(list)
     for e in data.entries:
         per_key[lock_key(e, data.config.namespace)].append(e)
     for f in data.faults:

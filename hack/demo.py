@@ -56,11 +56,12 @@ if str(REPO) not in sys.path:  # `python hack/demo.py` puts hack/, not the root,
     sys.path.insert(0, str(REPO))
 
 from chaos import checker  # noqa: E402
-from chaos.checker import Entry, Fault, RunData  # noqa: E402
+from chaos.checker import Fault, RunData  # noqa: E402
 from chaos.config import ChaosConfig  # noqa: E402
 from chaos.plan import KILL, SIGTERM  # noqa: E402
 from schedlock.core.identities import Scheduler, parse_slot_uid, slot_uid  # noqa: E402
 from schedlock.core.timings import LeaseTimings  # noqa: E402
+from testbed.deliveries import Delivery, DeliveryLog  # noqa: E402
 from testbed.pg import PostgresServer, server_dir  # noqa: E402
 from testbed.procs import output  # noqa: E402
 from testbed.sidecars import ReceiverProcess, SidecarProcess, wait_for  # noqa: E402
@@ -189,15 +190,14 @@ class Demo:
     broke_off: float | None = None  # when the scenario stopped early (an error)
     probes: dict[str, Handover] = field(default_factory=dict)  # probe uid -> its hand-over
     handovers: list[Handover] = field(default_factory=list)
-    deliveries: dict[str, list[Entry]] = field(default_factory=dict)
+    deliveries: dict[str, list[Delivery]] = field(default_factory=dict)
     keys: dict[str, KeyState] = field(default_factory=dict)
     acquisitions: list[dict[str, Any]] = field(default_factory=list)  # for the checker
     signalled: set[int] = field(default_factory=set)  # pids we sent a signal to
     exited: set[int] = field(default_factory=set)
     _lines: list[tuple[float, int, str, str]] = field(default_factory=list)
     _seq: Iterator[int] = field(default_factory=itertools.count)
-    _log_offset: int = 0
-    _log_partial: str = ""
+    _log: DeliveryLog | None = None
     _last_terms_poll: float = 0.0
     _cleaned: bool = False
 
@@ -398,27 +398,11 @@ class Demo:
     def _read_deliveries(self) -> list[tuple[float, str, str]]:
         if self.receiver is None:
             return []
-        path = self.receiver.log_path
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            return []
-        if size <= self._log_offset:
-            return []
-        with path.open("rb") as log:
-            log.seek(self._log_offset)
-            data = log.read(size - self._log_offset)
-        self._log_offset += len(data)
-        text = self._log_partial + data.decode(errors="replace")
-        *lines, self._log_partial = text.split("\n")
-        events = []
-        for line in lines:
-            if line.strip():
-                delivery = Entry.from_receiver(json.loads(line))
-                events.append(self._on_delivery(delivery))
-        return events
+        if self._log is None:
+            self._log = DeliveryLog(self.receiver.log_path)
+        return [self._on_delivery(d) for d in self._log.appended()]
 
-    def _on_delivery(self, d: Entry) -> tuple[float, str, str]:
+    def _on_delivery(self, d: Delivery) -> tuple[float, str, str]:
         earlier = self.deliveries.setdefault(d.uid, [])
         earlier.append(d)
         late = d.arrival - ((d.scheduled or d.arrival) - self.offset)
@@ -446,7 +430,7 @@ class Demo:
             return name, "  (recurring)"
         return uid[:17], "  (not from this run)"
 
-    def explained(self, previous: Entry, again: Entry) -> bool:
+    def explained(self, previous: Delivery, again: Delivery) -> bool:
         """The chaos checker's rule: a re-delivery is expected only with the same key, from a
         later term, when ``previous`` was in flight as its term was SIGKILLed."""
         faults = [h.fault for h in self.handovers]
@@ -810,7 +794,7 @@ def _gauge(metrics: dict[str, float], name: str, scheduler: str) -> float:
     return 0.0
 
 
-def _arrival(entry: Entry) -> float:
+def _arrival(entry: Delivery) -> float:
     return entry.arrival
 
 

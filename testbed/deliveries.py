@@ -67,7 +67,7 @@ class Delivery:
             term=int(record.get("term") or 0),
             attempt=int(record.get("attempt") or 0),
             holder=str(record.get("holder") or ""),
-            arrival=float(_epoch(record["receivedAt"]) or 0.0),
+            arrival=parse_rfc3339(str(record["receivedAt"])).timestamp(),
             target=str(record.get("target") or ""),
             scheduled=_epoch(record["scheduledAt"]),
             pod=str(record.get("pod") or ""),
@@ -94,17 +94,24 @@ class DeliveryLog:
         self._partial = b""
 
     def refresh(self) -> list[Delivery]:
+        """Every delivery so far."""
+        self.appended()
+        return self.entries
+
+    def appended(self) -> list[Delivery]:
+        """The deliveries written since the last read."""
         try:
             with self.path.open("rb") as f:
                 f.seek(self._offset)
                 chunk = f.read()
         except FileNotFoundError:
-            return self.entries
+            return []
         self._offset += len(chunk)
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()  # a line still being written
-        self.entries.extend(Delivery.from_receiver(json.loads(x)) for x in lines if x.strip())
-        return self.entries
+        new = [Delivery.from_receiver(json.loads(x)) for x in lines if x.strip()]
+        self.entries.extend(new)
+        return new
 
     def first_arrivals(self) -> dict[str, Delivery]:
         """uid -> its first delivery (a re-fire after a crash arrives later)."""

@@ -22,7 +22,6 @@ import pytest
 from chaos.checker import (
     MUST_BE_ZERO,
     VERDICT_KEYS,
-    Entry,
     Fault,
     RunData,
     check,
@@ -31,6 +30,7 @@ from chaos.checker import (
 from chaos.config import ChaosConfig
 from chaos.plan import ALL_KINDS, plan_faults
 from schedlock.core.identities import slot_uid
+from testbed.deliveries import Delivery
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("CHAOS_SEED", "3"))
@@ -90,8 +90,8 @@ T0 = 1_000_000.0
 CONFIG = ChaosConfig(seed=1, duration=60)
 
 
-def entry(uid: str, t: float, term: int, holder: str, status: int = 200, key: str = "") -> Entry:
-    return Entry(
+def entry(uid: str, t: float, term: int, holder: str, status: int = 200, key: str = "") -> Delivery:
+    return Delivery(
         uid=uid,
         key=key or f"{uid}/due",
         term=term,
@@ -109,7 +109,7 @@ def fault(kind: str, t: float, end: float | None = None, victim: str | None = "a
 
 
 def judge(
-    entries: list[Entry],
+    entries: list[Delivery],
     faults: list[Fault],
     expected: list[str] | None = None,
     stored: dict[str, tuple[str, float]] | None = None,
@@ -216,7 +216,9 @@ def slot(schedule: str, second: int, micros: int = 0) -> str:
     return slot_uid(schedule, when)
 
 
-def restart_run(entries: list[Entry], back_at: float, db: dict[str, Any] | None = None) -> RunData:
+def restart_run(
+    entries: list[Delivery], back_at: float, db: dict[str, Any] | None = None
+) -> RunData:
     """Schedule ``s`` of target alpha over 60 s; the database restarts at 29.5 (up at 30.8)
     and a leader of its key is back at ``back_at``."""
     return RunData(

@@ -131,7 +131,7 @@ def test_a_row_back_in_scheduled_under_a_recorded_outcome_has_lost_it() -> None:
 
 
 class Rows:
-    """A store that only answers the pass's one query (no rows: everything is missing)."""
+    """A store that only answers the pass's one query (every row already in its outcome)."""
 
     def __init__(self) -> None:
         self.passes: list[float] = []
