@@ -248,6 +248,39 @@ def test_orphans_of_a_crashed_term_are_adopted(migrated_database: str) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+def test_the_last_fire_is_kept_by_complete_on_the_terms_row(
+    migrated_database: str, tmp_path: Path, dialect: str
+) -> None:
+    """`schedlock status`'s last fire is recorded with a published outcome (not read from the
+    history): a failed or retried outcome leaves it alone."""
+    url = migrated_database if dialect == "postgres" else f"sqlite:///{tmp_path / 'f.db'}"
+
+    async def run() -> None:
+        store = open_store(url)
+        await store.migrate()
+        for uid in ("ok", "bad", "again"):
+            await store.upsert_publish(spec(uid, due_in=-1))
+        session = store.lock_session(KEY, "a", 10)
+        await session.connect()
+        await session.acquire()
+        term = (await session.begin_term()).term
+        rows = {r.uid: r.id for r in (await session.claim_due(term, 10)).rows}
+        assert (await store.key_status())[0].last_fire is None
+        await session.complete(term, [Completion(rows["bad"], "failed", status=500)])
+        retry = Completion(rows["again"], "retry", next_attempt_at=datetime.now(UTC))
+        await session.complete(term, [retry])
+        assert (await store.key_status())[0].last_fire is None
+        await session.complete(term, [Completion(rows["ok"], "published", status=200)])
+        (status,) = await store.key_status()
+        record = await store.get_publish("ok")
+        assert record is not None and status.last_fire == record.finished_at
+        await session.release(term)
+        await store.close()
+
+    asyncio.run(run())
+
+
 def test_unlock_result_is_checked(migrated_database: str) -> None:
     from schedlock.store import UnlockFailed
 

@@ -149,12 +149,14 @@ SELECT id, uid, namespace, name, generation, target, expression, time_zone, stat
 FROM schedlock_schedules WHERE uid = :uid;
 
 -- name: latest_slot
-SELECT p.id, p.scheduler, p.namespace, p.name, p.uid, p.generation, p.target, p.due_at,
-       p.next_attempt_at, p.payload, p.state, p.attempts, p.max_attempts, p.term, p.holder,
-       p.last_status, p.last_error, p.fired_at, p.finished_at
-FROM schedlock_publishes p JOIN schedlock_schedules s ON s.id = p.schedule_id
-WHERE s.uid = :uid
-ORDER BY p.due_at DESC, p.id DESC
+-- One backward probe of schedlock_publishes_schedule (migration 0004): the schedule's id is
+-- found first, so the index's (schedule_id, due_at, id) order is the ORDER BY (a join would
+-- sort every slot the schedule ever had).
+SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
+       state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at
+FROM schedlock_publishes
+WHERE schedule_id = (SELECT s.id FROM schedlock_schedules s WHERE s.uid = :uid)
+ORDER BY schedule_id DESC, due_at DESC, id DESC
 LIMIT 1;
 
 -- name: changed_since
@@ -168,15 +170,21 @@ ORDER BY updated_at, id
 LIMIT :limit;
 
 -- name: key_status
+-- Live rows only (migration 0004): the backlog is the due scheduled rows (claim index) plus
+-- the firing ones (firing index), next due one probe of the claim index, and the last fire is
+-- kept on the term's row by `complete` instead of being found in the key's history.
 SELECT t.scheduler, t.namespace, t.target, t.term, t.holder, t.since, t.heartbeat_at, t.released_at,
-       (SELECT count(*) FROM schedlock_publishes p
-        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
-          AND p.state IN ('scheduled', 'firing') AND p.next_attempt_at <= now()) AS backlog,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM schedlock_publishes p
+            WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+              AND p.state = 'scheduled' AND p.next_attempt_at <= now()
+            UNION ALL
+            SELECT 1 FROM schedlock_publishes p
+            WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+              AND p.state = 'firing' AND p.next_attempt_at <= now()) AS live) AS backlog,
        (SELECT min(p.next_attempt_at) FROM schedlock_publishes p
         WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
           AND p.state = 'scheduled') AS next_due,
-       (SELECT max(p.finished_at) FROM schedlock_publishes p
-        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
-          AND p.state = 'published') AS last_fire
+       t.last_fire_at AS last_fire
 FROM schedlock_terms t
 ORDER BY t.namespace, t.target, t.scheduler;

@@ -21,13 +21,18 @@ WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
 RETURNING term;
 
 -- name: heartbeat
+-- The backlog as two halves, each on its partial index (see postgres.sql).
 UPDATE schedlock_terms SET heartbeat_at = now()
 WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target AND term = :term;
 SELECT changes() AS alive, count(*) AS backlog,
        (julianday(now()) - julianday(min(next_attempt_at))) * 86400.0 AS oldest_due_age
-FROM schedlock_publishes
-WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
-  AND state IN ('scheduled', 'firing') AND next_attempt_at <= now();
+FROM (SELECT next_attempt_at FROM schedlock_publishes
+      WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
+        AND state = 'scheduled' AND next_attempt_at <= now()
+      UNION ALL
+      SELECT next_attempt_at FROM schedlock_publishes
+      WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
+        AND state = 'firing' AND next_attempt_at <= now());
 
 -- name: claim_due
 UPDATE schedlock_publishes
@@ -53,7 +58,11 @@ WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
   AND state = 'scheduled';
 
 -- name: complete
--- One statement per batch of outcomes (a JSON array), as on PostgreSQL.
+-- One statement per batch of outcomes (a JSON array), as on PostgreSQL; the key's last fire
+-- first, so that changes() counts the outcomes.
+UPDATE schedlock_terms SET last_fire_at = now()
+WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target AND term = :term
+  AND EXISTS (SELECT 1 FROM json_each(:completions) WHERE value ->> '$.outcome' = 'published');
 UPDATE schedlock_publishes
 SET state = CASE v.outcome WHEN 'retry' THEN 'scheduled' ELSE v.outcome END,
     next_attempt_at = COALESCE(v.next_attempt_at, schedlock_publishes.next_attempt_at),
