@@ -10,7 +10,18 @@ SELECT now() AS now;
 SELECT coalesce(max(id), 0) AS id FROM schedlock_migrations;
 
 -- name: record_migration
-INSERT INTO schedlock_migrations (id, name, applied_at) VALUES (:id, :name, now());
+INSERT INTO schedlock_migrations (id, name, additive, applied_at)
+VALUES (:id, :name, :additive, now());
+
+-- name: forget_migration
+-- `migrate --to`: the migration's down step ran in this transaction.
+DELETE FROM schedlock_migrations WHERE id = :id;
+
+-- name: migrations_beyond
+-- The recorded migrations beyond a binary's newest, whether each is additive (the rule is
+-- schedlock.store.migrations.blocking).  Only asked when the schema is newer than the binary,
+-- so the table was created or upgraded by a release that records `additive`.
+SELECT id, additive FROM schedlock_migrations WHERE id > :latest;
 
 -- name: release_term
 UPDATE schedlock_terms SET heartbeat_at = now(), released_at = now()

@@ -269,6 +269,11 @@ WHERE uid = ANY(%(uids)s::text[]);
 SELECT to_regclass('schedlock_migrations') IS NOT NULL AS recorded;
 
 -- name: create_migrations_table
-CREATE TABLE IF NOT EXISTS schedlock_migrations (
-    id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
-);
+-- `additive` joined the table with the rollback rule: a table of an older release gets it
+-- too (its rows are migrations every binary that reads the column knows: the default is moot).
+DO $$ BEGIN
+    CREATE TABLE IF NOT EXISTS schedlock_migrations (
+        id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
+    );
+    ALTER TABLE schedlock_migrations ADD COLUMN IF NOT EXISTS additive boolean NOT NULL DEFAULT false;
+END $$;

@@ -114,9 +114,18 @@ SELECT EXISTS (SELECT 1 FROM sqlite_master
                WHERE type = 'table' AND name = 'schedlock_migrations') AS recorded;
 
 -- name: create_migrations_table
+-- A table of an older release gets `additive` from the connector (SQLite's ADD COLUMN has no
+-- IF NOT EXISTS): schedlock.store.sqlite.SqliteConnector.migration_session.
 CREATE TABLE IF NOT EXISTS schedlock_migrations (
-    id integer PRIMARY KEY, name text NOT NULL, applied_at text NOT NULL
+    id integer PRIMARY KEY, name text NOT NULL, applied_at text NOT NULL,
+    additive boolean NOT NULL DEFAULT false
 );
+
+-- name: migrations_columns
+SELECT name FROM pragma_table_info('schedlock_migrations');
+
+-- name: add_migrations_additive
+ALTER TABLE schedlock_migrations ADD COLUMN additive boolean NOT NULL DEFAULT false;
 -- name: key_sessions
 -- Always the leader: the holder of a live term holds the "lock"; nobody waits.
 SELECT scheduler, namespace, target,
