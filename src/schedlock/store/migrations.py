@@ -7,7 +7,8 @@ the step that undoes it.
 NOTIFY triggers and storage parameters).  ``NNNN_name.down.sql`` (and ``.down.<dialect>.sql``)
 undo them, the dialect's part first.  Only the ids, names and whether each is additive are
 recorded, so the files may be reorganised as long as each replays to the same schema
-(``tests/integration/test_store.py`` checks it, and that down then up is a replay too).
+(``tests/integration/test_store.py`` checks it; ``test_rollback.py`` that down then up is a
+replay too).
 
 Two header lines, each in the leading comment block of its file, are required:
 
