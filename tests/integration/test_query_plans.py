@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -252,3 +253,38 @@ def test_key_status_answers_the_same_on_live_rows(history: str) -> None:
         assert keys[scheduler].backlog == 6  # 3 firing, 3 scheduled and due (of 12 live)
         next_due = keys[scheduler].next_due
         assert next_due is not None and next_due < datetime.now(UTC)
+
+
+def hot_updates(url: str) -> tuple[int, int]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE relname = 'schedlock_terms'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_heartbeats_are_hot_updates_on_full_pages(migrated_database: str) -> None:
+    """Migration 0004's fillfactor: 300 keys fill several pages, and the first heartbeat of
+    each (the store's own query) still finds room on its page for a HOT update."""
+    keys = [LockKey("publish", "default", f"app-{n}") for n in range(300)]
+    with psycopg.connect(migrated_database, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO schedlock_terms (scheduler, namespace, target, lock_classid, "
+            "lock_objid, term, holder) SELECT 'publish', 'default', 'app-' || n, 21, n, %s, "
+            "'a-holder-name-as-long-as-a-pod-name-7d9f8c6b5-x2x4z' FROM generate_series(0, 299) n",
+            (TERM,),
+        )
+        pages = conn.execute(
+            "SELECT pg_relation_size('schedlock_terms') / current_setting('block_size')::int"
+        ).fetchone()
+        assert pages is not None and pages[0] >= 3
+        for key in keys:
+            query = captured(lambda key=key: CapturingLockVerbs(key).heartbeat(TERM))
+            assert conn.execute(Q[query.name], CODEC.encode(query.params)).fetchone()
+    deadline = time.monotonic() + 15
+    while hot_updates(migrated_database)[0] < len(keys) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the statistics reach the view when the backend reports them
+    updated, hot = hot_updates(migrated_database)
+    assert updated == len(keys) and hot == updated
