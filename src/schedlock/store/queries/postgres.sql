@@ -271,9 +271,15 @@ SELECT to_regclass('schedlock_migrations') IS NOT NULL AS recorded;
 -- name: create_migrations_table
 -- `additive` joined the table with the rollback rule: a table of an older release gets it
 -- too (its rows are migrations every binary that reads the column knows: the default is moot).
+-- Only when missing: ALTER TABLE locks the table against the sidecars' schema checks even
+-- when it has nothing to do.
 DO $$ BEGIN
     CREATE TABLE IF NOT EXISTS schedlock_migrations (
         id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
     );
-    ALTER TABLE schedlock_migrations ADD COLUMN IF NOT EXISTS additive boolean NOT NULL DEFAULT false;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'schedlock_migrations'::regclass AND attname = 'additive'
+                     AND NOT attisdropped) THEN
+        ALTER TABLE schedlock_migrations ADD COLUMN IF NOT EXISTS additive boolean NOT NULL DEFAULT false;
+    END IF;
 END $$;
