@@ -135,17 +135,23 @@ def as_role(url: str, role: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def migrated_template(postgres: PostgresService) -> str:
+def runtime_roles(postgres: PostgresService) -> tuple[str, str]:
+    """The sidecar's and the operator's login roles (server-wide: created once per session)."""
+    for role in (SIDECAR_ROLE, OPERATOR_ROLE):
+        exists = postgres.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", role)
+        if not exists:
+            postgres.execute(f'CREATE ROLE "{role}" LOGIN')
+    return SIDECAR_ROLE, OPERATOR_ROLE
+
+
+@pytest.fixture(scope="session")
+def migrated_template(postgres: PostgresService, runtime_roles: tuple[str, str]) -> str:
     """A database migrated once per session by the owner, with the runtime roles granted
     their least privileges; tests clone it (fast) and run components under those roles."""
     import asyncio
 
     from schedlock.store import open_store
 
-    for role in (SIDECAR_ROLE, OPERATOR_ROLE):
-        exists = postgres.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", role)
-        if not exists:
-            postgres.execute(f'CREATE ROLE "{role}" LOGIN')
     url = postgres.create_database()
     store = open_store(url)
     asyncio.run(store.migrate())

@@ -170,6 +170,7 @@ class SidecarProcess(NamedProcess):
     env: dict[str, str]
     http_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    program: str = ""  # the schedlock to run: this checkout's unless an older release's
 
     @classmethod
     def for_stand_in_app(cls, name: str, workdir: Path, url: str, **env: str) -> SidecarProcess:
@@ -196,7 +197,7 @@ class SidecarProcess(NamedProcess):
         }
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [_bin("schedlock"), "sidecar"],
+            [self.program or _bin("schedlock"), "sidecar"],
             env=env,
             stdout=log,
             stderr=log,
@@ -267,7 +268,9 @@ class SidecarGroup:
                 sidecar.wait_ready()
         return self
 
-    def add(self) -> SidecarProcess:
+    def add(self, name: str = "", program: str = "") -> SidecarProcess:
+        """One more replica, ``target-<n>`` unless named, running this checkout's ``schedlock``
+        unless ``program`` is another (an older release's, in the upgrade test)."""
         assert self.receiver is not None
         env = {
             "SCHEDLOCK_DATABASE_URL": self.database_url,
@@ -276,8 +279,8 @@ class SidecarGroup:
             "SCHEDLOCK_TARGET_URL": self.receiver.url,
             **self.extra_env,
         }
-        name = f"{self.target}-{len(self.sidecars)}"
-        sidecar = SidecarProcess(name, self.workdir, env).start()
+        name = name or f"{self.target}-{len(self.sidecars)}"
+        sidecar = SidecarProcess(name, self.workdir, env, program=program).start()
         self.sidecars.append(sidecar)
         return sidecar
 

@@ -12,6 +12,7 @@ pytest_plugins = [
     "testbed.kube_fixtures",
     "testbed.tool_fixtures",
     "testbed.cluster_fixtures",
+    "testbed.release_fixtures",
 ]
 
 
