@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import collections
+import itertools
+
+from schedlock.core.identities import Scheduler, scheduler_of
 
 
 def assert_duplicates_only_across_crash(
@@ -20,3 +23,24 @@ def assert_duplicates_only_across_crash(
         first, *rest = sorted(got, key=lambda e: float(str(e["arrival"])))
         assert first["holder"] in crashed, f"{uid} delivered twice without a crash: {got}"
         assert all(int(str(e["term"])) > int(str(first["term"])) for e in rest), got
+
+
+def assert_one_leader_at_a_time(entries: list[dict[str, object]]) -> None:
+    """Per key (scheduler; the entries are of one target): each term has one holder, and in
+    arrival order the key's terms never go back.  Two leaders at once would deliver under two
+    terms interleaved, or two holders under one term."""
+    for scheduler in Scheduler:
+        mine = sorted(
+            (e for e in entries if scheduler_of(str(e["uid"])) is scheduler),
+            key=lambda e: float(str(e["arrival"])),
+        )
+        holders: dict[int, set[str]] = collections.defaultdict(set)
+        for entry in mine:
+            holders[int(str(entry["term"]))].add(str(entry["holder"]))
+        shared = {term: names for term, names in holders.items() if len(names) > 1}
+        assert not shared, f"{scheduler}: terms with more than one holder: {shared}"
+        for before, after in itertools.pairwise(mine):
+            assert int(str(after["term"])) >= int(str(before["term"])), (
+                f"{scheduler}: a delivery of term {after['term']} ({after['holder']}) arrived "
+                f"after one of term {before['term']} ({before['holder']})"
+            )
