@@ -155,6 +155,8 @@ def rollback_supported() -> bool:
     return "--to" in run(NEW, "postgresql://unused", "migrate", "--help")
 
 
+# The first run on a machine also builds the old release in its fixture (one to three minutes).
+@pytest.mark.timeout(600)
 def test_upgrade_from_the_oldest_release_and_roll_back(
     tmp_path: Path,
     database: str,
