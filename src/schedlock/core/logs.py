@@ -57,6 +57,10 @@ class Event(StrEnum):
     DATABASE_NOT_USABLE = "database_not_usable"
     MIGRATION_APPLIED = "migration_applied"
     NOTIFICATIONS_STOPPED = "notifications_stopped"
+    # store: retention (any contender: sidecar or operator)
+    HISTORY_PRUNED = "history_pruned"
+    PRUNE_FAILED = "prune_failed"
+    PRUNE_NOT_PERMITTED = "prune_not_permitted"
     # operator
     OPERATOR_STARTED = "operator_started"
     OPERATOR_STOPPED = "operator_stopped"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from schedlock.core.settings import (
+    RetentionSettings,
     ServiceSettings,
     SettingError,
     database_setting,
@@ -112,7 +113,7 @@ class InjectionSettings:
 
 
 @dataclass(frozen=True)
-class OperatorSettings(InjectionSettings, ServiceSettings):
+class OperatorSettings(InjectionSettings, RetentionSettings, ServiceSettings):
     database_url: str = database_setting(
         "PostgreSQL shared with the sidecars (postgresql://…; the operator needs LISTEN/NOTIFY)"
     )

@@ -86,6 +86,16 @@ OPERATOR_GRANTS = (
     ("USAGE", ("SEQUENCE schedlock_publishes_id_seq", "SEQUENCE schedlock_schedules_id_seq")),
 )
 GRANTS = {"sidecar": SIDECAR_GRANTS, "operator": OPERATOR_GRANTS}
+# Pruning (schedlock.store.retention), granted with the rest but not required to start: a role
+# without them runs as before and only cannot prune (its log says so, with the fix).
+PRUNE_GRANTS = (
+    (
+        "DELETE",
+        ("TABLE schedlock_publishes", "TABLE schedlock_schedules", "TABLE schedlock_terms"),
+    ),
+    ("SELECT, DELETE", ("TABLE schedlock_reserves",)),
+    ("SELECT, UPDATE", ("TABLE schedlock_maintenance",)),
+)
 AFFINITY_PROBES = 1  # each probe is one more server connection for a moment
 _AFFINITY_LOCKS: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
@@ -626,6 +636,18 @@ class PostgresConnector:
             await pool.putconn(conn)
 
     @contextlib.asynccontextmanager
+    async def pass_sessions(self) -> AsyncIterator[Callable[[], Any]]:
+        """One session for a whole pruning pass (``schedlock.store.retention``): the pool's
+        when there is one, else a connection of its own, closed when the pass ends."""
+        async with self.session() as pinned:
+
+            @contextlib.asynccontextmanager
+            async def use() -> AsyncIterator[PostgresSession]:
+                yield pinned
+
+            yield use
+
+    @contextlib.asynccontextmanager
     async def _connection(self, application_name: str | None = None) -> AsyncIterator[Conn]:
         conn = await connect(self.url, application_name=application_name or self.application_name)
         try:
@@ -661,7 +683,10 @@ class PostgresConnector:
 
         async def run(conn: Conn) -> list[str]:
             done: list[str] = []
-            for role, grants in ((sidecar_role, SIDECAR_GRANTS), (operator_role, OPERATOR_GRANTS)):
+            for role, grants in (
+                (sidecar_role, SIDECAR_GRANTS + PRUNE_GRANTS),
+                (operator_role, OPERATOR_GRANTS + PRUNE_GRANTS),
+            ):
                 if not role:
                     continue
                 cur = await conn.execute(Q["role_exists"], {"role": role})

@@ -180,3 +180,23 @@ SELECT t.scheduler, t.namespace, t.target, t.term, t.holder, t.since, t.heartbea
           AND p.state = 'published') AS last_fire
 FROM schedlock_terms t
 ORDER BY t.namespace, t.target, t.scheduler;
+
+-- ── retention (schedlock.store.retention) ────────────────────────────────────────────────────
+-- One elected process prunes finished history on a short session of its own, never a lock
+-- session.  The states are spelled out as literals next to each :state parameter so that
+-- both planners can prove the partial index schedlock_publishes_at_rest (0005) applies, also
+-- to a generic plan.
+
+-- name: claim_maintenance
+-- Take or renew the lease of a maintenance task (database clock); no row: another holds it.
+UPDATE schedlock_maintenance SET holder = :holder, lease_until = :lease_until
+WHERE task = :task AND (lease_until IS NULL OR lease_until <= now() OR holder = :holder)
+RETURNING holder, lease_until;
+
+-- name: maintenance_lease
+SELECT holder, lease_until FROM schedlock_maintenance WHERE task = :task;
+
+-- name: prune_reserves
+-- Roster rows past their expiry: ignored by every reader already (a reserve's row lives until
+-- its promised next check plus a grace).  One row per reserve replica at most: no batching.
+DELETE FROM schedlock_reserves WHERE expires_at <= :cutoff;
