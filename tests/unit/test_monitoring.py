@@ -13,6 +13,7 @@ import yaml
 
 from monitoring import alerts, dashboard, generate
 from schedlock.sidecar.metrics import GAP_BUCKETS, SidecarMetrics
+from schedlock.store.retention import RetentionPolicy, retention_by_state
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = REPO / "docs" / "operations.md"
@@ -115,6 +116,7 @@ def test_thresholds_match_the_exported_metrics() -> None:
     assert alerts.HANDOVER_GAP_SECONDS in GAP_BUCKETS
     metrics = SidecarMetrics()
     metrics.init_key("publish", "shop", "billing")
+    metrics.init_history(retention_by_state(RetentionPolicy()))
     samples = {s.name for family in metrics.registry.collect() for s in family.samples}
     buckets = {
         s.labels["le"]

@@ -13,6 +13,7 @@ from typing import Any, cast
 import pytest
 
 from schedlock.core.settings import SettingError, build
+from schedlock.operator.injection import inject_pod
 from schedlock.operator.settings import OperatorSettings
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
@@ -231,3 +232,30 @@ def test_a_pass_report_feeds_the_sidecar_metrics() -> None:
     assert samples["schedlock_history_oldest_finished_age_seconds[('state', 'published')]"] == 90
     assert samples["schedlock_history_oldest_finished_age_seconds[('state', 'failed')]"] == 0
     assert samples["schedlock_history_retention_seconds[('state', 'failed')]"] == 7 * 86400
+
+
+def test_injected_sidecars_prune_by_the_operators_retention() -> None:
+    env = {
+        "SCHEDLOCK_DATABASE_URL": "postgresql://db/app",
+        "SCHEDLOCK_RETENTION_SECONDS": "7200",
+        "SCHEDLOCK_FAILED_RETENTION_SECONDS": "0",
+    }
+    config = build(OperatorSettings, None, env).injection
+    metadata = {
+        "name": "app-1",
+        "annotations": {"schedlock.dev/inject": "true"},
+        "labels": {"app.kubernetes.io/name": "billing"},
+    }
+    changed = inject_pod(metadata, {"containers": [{"name": "app", "image": "app:1"}]}, config)
+    assert changed is not None
+    [sidecar] = changed[1]["initContainers"]
+    given = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert given["SCHEDLOCK_RETENTION_SECONDS"] == "7200"
+    assert given["SCHEDLOCK_FAILED_RETENTION_SECONDS"] == "0"
+    assert given["SCHEDLOCK_PRUNE_INTERVAL_SECONDS"] == "60"
+    # The sidecar reads back exactly what the operator prunes by.
+    sidecar_env = {k: v for k, v in given.items() if v is not None}
+    sidecar_env["SCHEDLOCK_DATABASE_URL"] = env["SCHEDLOCK_DATABASE_URL"]  # from its Secret
+    assert RetentionPolicy.of(build(SidecarSettings, None, sidecar_env)) == RetentionPolicy.of(
+        build(OperatorSettings, None, env)
+    )

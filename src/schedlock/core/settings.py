@@ -413,3 +413,9 @@ class RetentionSettings:
         help="rows deleted per statement; each batch commits on its own and is followed by a "
         "pause as long as it took",
     )
+
+    def retention_env(self) -> tuple[tuple[str, str], ...]:
+        """These settings as (variable, value) pairs, for processes this one starts or injects."""
+        return tuple(
+            (spec.env, f"{getattr(self, f.name):g}") for f, spec in specs(RetentionSettings)
+        )

@@ -172,6 +172,7 @@ class SidecarMetrics:
             self.pruned.labels(table)
         for state in FINISHED_STATES:
             self.retention.labels(state).set(retention[state])
+            self.oldest_finished_age.labels(state).set(0)
 
     def observe_pass(self, report: PassReport) -> None:
         """A pruning attempt's counts and its look at the history."""
