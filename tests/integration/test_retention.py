@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from schedlock.store import LockKey, StoreError, open_store
+from schedlock.store import LockKey, PublishSpec, RecordedOutcome, StoreError, open_store
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 from schedlock.store.retention import PassReport, Pruner, RetentionPolicy, permission_problem
 from schedlock.store.rows import iso
@@ -446,3 +446,41 @@ async def test_sqlite_prunes_between_the_firing_loops_statements(tmp_path: Path)
         assert left == {"failed": 5, "published": 4, "firing": 2}  # the old scheduled ones fired
         targets = {r[0] for r in conn.execute("SELECT target FROM schedlock_terms")}
     assert targets == {"demo"}
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+async def test_a_new_generation_keeps_its_recorded_outcome_pruned_or_not(
+    dialect: str, migrated_database: str, tmp_path: Path
+) -> None:
+    """The upsert handler's ``keep`` (a payload edit after firing): the row keeps the outcome
+    the status records whatever became of it, and never becomes due."""
+    url = migrated_database if dialect == "postgres" else f"sqlite:///{tmp_path / 'k.db'}"
+    store = open_store(url)
+    await store.migrate()
+    due = datetime(2030, 1, 1, tzinfo=UTC)
+    outcome = RecordedOutcome("published", attempts=1, term=3, holder="pod-a")
+
+    def spec(uid: str, generation: int) -> PublishSpec:
+        return PublishSpec(
+            namespace="default", name=uid, uid=uid, target="demo", due_at=due,
+            generation=generation, payload={"v": generation},
+        )  # fmt: skip
+
+    try:
+        # Pruned: stored in its outcome, at the new generation.
+        kept = await store.restore_publish(spec("pruned", 2), outcome)
+        assert kept.inserted and kept.state == "published"
+        # Finished: only the spec moves on.
+        await store.restore_publish(spec("done", 1), RecordedOutcome("failed", attempts=3))
+        assert (await store.restore_publish(spec("done", 2), outcome)).state == "failed"
+        # Back in scheduled (a restore): put back in the outcome.
+        await store.upsert_publish(spec("back", 1))
+        assert (await store.restore_publish(spec("back", 2), outcome)).state == "published"
+        # A replay changes nothing.
+        assert (await store.restore_publish(spec("back", 2), outcome)).id is None
+        for uid, state in (("pruned", "published"), ("done", "failed"), ("back", "published")):
+            record = await store.get_publish(uid)
+            assert record is not None
+            assert (record.state, record.generation, record.payload) == (state, 2, {"v": 2})
+    finally:
+        await store.close()

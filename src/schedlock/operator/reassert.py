@@ -23,8 +23,8 @@ upserting it would fire it again.  Only a row that went *back* (``scheduled``/``
 under such a status is restored.  The upsert handler keeps the same rule
 (:func:`upsert_rule`): a resume (operator restart) of an object whose status records an
 outcome for its current generation writes nothing, and a new generation of one whose due time
-did not change (a payload edit after firing) keeps the outcome instead of inserting a row
-that would fire.  The one case no rule can tell apart: an outcome pruned *before* the status
+did not change (a payload edit after firing) keeps the outcome (``restore_publish``) instead of
+inserting a row that would fire.  The one case no rule can tell apart: an outcome pruned *before* the status
 sync recorded it (the operator down for longer than the retention) leaves an object without
 an outcome and without a row, which is a lost row and is written again; so the retention must
 outlast any operator outage (docs/operations.md, "Retention, table size and vacuum").
@@ -190,7 +190,7 @@ def upsert_rule(
       the row is still there (a replay) or was pruned (a resume after retention);
     * ``keep``: it records one for an older generation and the due time is the same as in the
       last handled spec (``old_spec``, kopf's diff base): the new generation keeps the outcome
-      (``restore_publish``: a pruned row is stored in it, a finished one is left alone);
+      (``restore_publish``: a pruned row is stored in it, a finished one takes the new spec);
     * ``write``: the usual upsert (no outcome; the due time changed, which re-arms; or the
       last handled spec is unknown).
     """

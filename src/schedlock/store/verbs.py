@@ -280,8 +280,9 @@ class SqlStore:
     async def restore_publish(
         self, spec: models.PublishSpec, outcome: models.RecordedOutcome
     ) -> models.UpsertResult:
-        """Store ``spec``'s row in a terminal ``outcome`` its object already records (a row
-        that was lost, or reverted to scheduled); a row that moved on is left alone."""
+        """``spec``'s row keeps the terminal ``outcome`` its object already records: a missing
+        row (pruned, lost) is stored in it, one back in scheduled/suspended is put back in it, a
+        finished one of an older generation only takes the spec; firing or newer: left alone."""
         return await self._upsert("restore_publish", {**fields_of(spec), **fields_of(outcome)})
 
     async def cancel_publish(self, uid: str) -> bool:
