@@ -369,7 +369,7 @@ class ServiceSettings(DatabaseSettings):
 
 
 DAY_SECONDS = 24 * 3600.0
-MAX_RETENTION_SECONDS = 3650 * DAY_SECONDS
+MAX_RETENTION_SECONDS = 3650 * 24 * 3600  # ten years; a whole number, as --help and errors show it
 
 
 @dataclass(frozen=True)
