@@ -638,8 +638,16 @@ class PostgresConnector:
     @contextlib.asynccontextmanager
     async def pass_sessions(self) -> AsyncIterator[Callable[[], Any]]:
         """One session for a whole pruning pass (``schedlock.store.retention``): the pool's
-        when there is one, else a connection of its own, closed when the pass ends."""
-        async with self.session() as pinned:
+        when there is one, else a connection of its own named ``<application name>-prune``
+        (as ``pg_stat_activity`` shows it), closed when the pass ends."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self.pool_size > 0:
+                pinned = await stack.enter_async_context(self.session())
+            else:
+                conn = await stack.enter_async_context(
+                    self._connection(f"{self.application_name}-prune")
+                )
+                pinned = PostgresSession(conn)
 
             @contextlib.asynccontextmanager
             async def use() -> AsyncIterator[PostgresSession]:
