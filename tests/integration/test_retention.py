@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -19,7 +21,7 @@ from schedlock.store.retention import PassReport, Pruner, RetentionPolicy, permi
 from schedlock.store.rows import iso
 from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
 from testbed.rows import insert_rows
-from testbed.sidecars import SidecarGroup, wait_for
+from testbed.sidecars import ReceiverProcess, SidecarGroup, SidecarProcess, wait_for
 
 HOUR = 3600.0
 POLICY = RetentionPolicy(retention_seconds=HOUR, failed_retention_seconds=3 * HOUR, batch_size=7)
@@ -494,3 +496,43 @@ async def test_a_new_generation_keeps_its_recorded_outcome_pruned_or_not(
             assert (record.state, record.generation, record.payload) == (state, 2, {"v": 2})
     finally:
         await store.close()
+
+
+def test_a_sqlite_sidecar_prunes_what_it_fired(tmp_path: Path) -> None:
+    """Development mode: one `schedlock sidecar` on SQLite fires its rows, then prunes them."""
+    path = tmp_path / "dev.db"
+    url = f"sqlite:///{path}"
+    receiver = ReceiverProcess(tmp_path / "rx").start()
+    sidecar = SidecarProcess(
+        "solo",
+        tmp_path,
+        {
+            "SCHEDLOCK_DATABASE_URL": url,
+            "SCHEDLOCK_TARGET": "demo",
+            "SCHEDLOCK_TARGET_URL": receiver.url,
+            "SCHEDLOCK_RETENTION_SECONDS": "1",
+            "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": "1",
+        },
+    ).start()
+
+    def rows() -> int:
+        with sqlite3.connect(path) as conn:
+            return int(conn.execute("SELECT count(*) FROM schedlock_publishes").fetchone()[0])
+
+    try:
+        sidecar.wait_ready()
+        for i in range(4):
+            done = subprocess.run(
+                [str(Path(sys.executable).parent / "schedlock"), "publish", "--target", "demo",
+                 "--at", f"+{0.2 + i * 0.1:.1f}s"],
+                env={"SCHEDLOCK_DATABASE_URL": url, "PATH": "/usr/bin:/bin"},
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        wait_for(lambda: len(receiver.entries()) == 4, 15, what="4 fires")
+        wait_for(lambda: rows() == 0, 20, what="the fired rows pruned")
+        values = sidecar.metrics()
+        assert values['schedlock_history_pruned_rows_total{table="publishes"}'] == 4
+    finally:
+        sidecar.stop()
+        receiver.stop()
