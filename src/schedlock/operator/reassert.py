@@ -7,8 +7,9 @@ loop compares what the objects declare (kopf's in-memory index of every Schedule
 API call) with one query of ``(uid, generation, state)`` for all of them, and writes only what
 differs:
 
-* a row missing, or older than the object's generation: the handlers' own idempotent upsert
-  (keyed by uid + generation, so a pass racing a handler changes nothing twice);
+* a row missing behind an object whose status records no outcome, or a row older than the
+  object's generation: the handlers' own idempotent upsert (keyed by uid + generation, so a
+  pass racing a handler changes nothing twice);
 * an object whose status records a terminal outcome (Published, Failed, Missed) whose row is
   back in ``scheduled`` or ``suspended``: the row is stored in that outcome (attempts, fire
   time, term and holder from the status), so it never fires again and the status sync finds
@@ -23,16 +24,17 @@ upserting it would fire it again.  Only a row that went *back* (``scheduled``/``
 under such a status is restored.  The upsert handler keeps the same rule
 (:func:`upsert_rule`): a resume (operator restart) of an object whose status records an
 outcome for its current generation writes nothing, and a new generation of one whose due time
-did not change (a payload edit after firing) keeps the outcome (``restore_publish``) instead of
-inserting a row that would fire.  The one case no rule can tell apart: an outcome pruned *before* the status
-sync recorded it (the operator down for longer than the retention) leaves an object without
-an outcome and without a row, which is a lost row and is written again; so the retention must
-outlast any operator outage (docs/operations.md, "Retention, table size and vacuum").
+did not change (a payload edit after firing) keeps the outcome (``restore_publish``) instead
+of inserting a row that would fire.  The one case no rule can tell apart: an outcome pruned
+*before* the status sync recorded it (the operator down for longer than the retention) leaves
+an object without an outcome and without a row, which is a lost row and is written again; so
+the retention must outlast any operator outage (docs/operations.md, "Retention, table size
+and vacuum").
 
 Invariants: the object is the source of truth, but only once the handlers are done with it
 (``status.observedGeneration`` equals ``metadata.generation``): a newer generation, an object
 the handlers never reached, an invalid spec or one being deleted is theirs.  A row that moved
-on (firing, finished, a newer generation) is never overwritten.  The decision is
+on (firing, finished at its generation, a newer generation) is never overwritten.  The decision is
 :func:`plan`, pure; :class:`Reasserter` only reads, writes what the plan says and re-checks
 that an object still exists around each write.
 """
