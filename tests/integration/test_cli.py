@@ -13,6 +13,7 @@ import pytest
 
 from schedlock.core.settings import specs
 from schedlock.sidecar.settings import SidecarSettings
+from schedlock.store.migrations import latest_id
 from testbed.sidecars import SidecarProcess, wait_for
 
 SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
@@ -170,6 +171,49 @@ def test_migrate_publish_status_round_trip(migrated_database: str) -> None:
     bad_cron = run("schedule", "--target", "billing", "--cron", "61 * * * *", env=env)
     assert bad_cron.returncode == 2 and "out of range" in bad_cron.stderr
     assert run("status", env=env).stdout.startswith("no lock keys yet")
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("schedlock migrate: error: ")
+    for word in words:
+        assert word in lines[0]
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+def test_migrate_to_rolls_back_refuses_data_loss_and_rolls_forward(
+    migrated_database: str, tmp_path: Path, dialect: str
+) -> None:
+    """`schedlock migrate --to 2` as a rollback to c8e0198 runs it (the upgrade test too)."""
+    url = migrated_database if dialect == "postgres" else f"sqlite:///{tmp_path / 'm.db'}"
+    env = {"SCHEDLOCK_DATABASE_URL": url}
+    latest = run("migrate", env=env)
+    assert latest.returncode == 0, latest.stderr
+    down = run("migrate", "--to", "2", env=env)
+    assert down.returncode == 0, down.stderr
+    newest = latest_id("sqlite")
+    assert down.stdout.startswith(
+        f"reverted migrations {', '.join(map(str, range(newest, 2, -1)))}"
+    )
+    assert down.stdout.strip().endswith("schema at 2")
+    one_line_error(run("migrate", "--to", "0", env=env), 2, "loses data", "--force")
+    one_line_error(run("migrate", "--to", "999", env=env), 2, "999 is unknown")
+    bad = run("migrate", "--to", "two", env=env)
+    assert bad.returncode == 2 and "--to" in bad.stderr and "Traceback" not in bad.stderr
+    assert run("migrate", "--to", "2", env=env).stdout.startswith("schema at migration 2")
+    up = run("migrate", env=env)
+    applied = ", ".join(map(str, range(3, newest + 1)))
+    assert up.returncode == 0 and up.stdout.startswith(f"applied migrations {applied}"), up.stderr
+    gone = run("migrate", "--to", "0", "--force", env=env)
+    assert gone.returncode == 0 and gone.stdout.strip().endswith("schema at 0"), gone.stderr
+
+
+def test_migrate_help_says_how_to_roll_back() -> None:
+    text = " ".join(run("migrate", "--help").stdout.split())
+    for words in ("--to N", "down step", "newest first", "--force", "lose data", "additive"):
+        assert words in text, words
 
 
 def test_unreachable_database_is_a_clear_error() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,48 +25,10 @@ from schedlock.store import (
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 from schedlock.store.migrations import migrations
 from testbed.pg_fixtures import PostgresService
+from testbed.schemas import pg_schema, sqlite_schema
 from testbed.sidecars import wait_for
 
 KEY = LockKey("publish", "default", "demo")
-
-
-def pg_schema(url: str) -> dict[str, set[str]]:
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT table_name, column_name FROM information_schema.columns "
-            "WHERE table_schema = 'public' AND table_name LIKE 'schedlock_%'"
-        ).fetchall()
-        indexes = conn.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = 'public' "
-            "AND indexname LIKE 'schedlock_%' AND indexname NOT LIKE '%pkey' "
-            "AND indexname NOT LIKE '%_key'"
-        ).fetchall()
-    schema: dict[str, set[str]] = {}
-    for table, column in rows:
-        schema.setdefault(table, set()).add(column)
-    schema["<indexes>"] = {i for (i,) in indexes}
-    return schema
-
-
-def sqlite_schema(path: Path) -> dict[str, set[str]]:
-    conn = sqlite3.connect(path)
-    schema: dict[str, set[str]] = {}
-    tables = [
-        r[0]
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'schedlock_%'"
-        )
-    ]
-    for table in tables:
-        schema[table] = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-    schema["<indexes>"] = {
-        r[0]
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'schedlock_%'"
-        )
-    }
-    conn.close()
-    return schema
 
 
 def test_migrations_replay_to_the_same_schema_on_both_dialects(
@@ -105,7 +66,7 @@ def test_concurrent_migrations_are_serialised(database: str) -> None:
 def test_schema_newer_than_the_binary_is_refused(migrated_database: str) -> None:
     with psycopg.connect(migrated_database, autocommit=True) as conn:
         conn.execute("INSERT INTO schedlock_migrations (id, name) VALUES (999, 'from_the_future')")
-    with pytest.raises(SchemaTooNew, match="never downgrades"):
+    with pytest.raises(SchemaTooNew, match="migration 999 is not additive"):
         asyncio.run(open_store(migrated_database).migrate())
 
 
@@ -244,6 +205,39 @@ def test_orphans_of_a_crashed_term_are_adopted(migrated_database: str) -> None:
         await second.release(start.term)
         record = await store.get_publish("u1")
         assert record is not None and record.state == "published" and record.term == start.term
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+def test_the_last_fire_is_kept_by_complete_on_the_terms_row(
+    migrated_database: str, tmp_path: Path, dialect: str
+) -> None:
+    """`schedlock status`'s last fire is recorded with a published outcome (not read from the
+    history): a failed or retried outcome leaves it alone."""
+    url = migrated_database if dialect == "postgres" else f"sqlite:///{tmp_path / 'f.db'}"
+
+    async def run() -> None:
+        store = open_store(url)
+        await store.migrate()
+        for uid in ("ok", "bad", "again"):
+            await store.upsert_publish(spec(uid, due_in=-1))
+        session = store.lock_session(KEY, "a", 10)
+        await session.connect()
+        await session.acquire()
+        term = (await session.begin_term()).term
+        rows = {r.uid: r.id for r in (await session.claim_due(term, 10)).rows}
+        assert (await store.key_status())[0].last_fire is None
+        await session.complete(term, [Completion(rows["bad"], "failed", status=500)])
+        retry = Completion(rows["again"], "retry", next_attempt_at=datetime.now(UTC))
+        await session.complete(term, [retry])
+        assert (await store.key_status())[0].last_fire is None
+        await session.complete(term, [Completion(rows["ok"], "published", status=200)])
+        (status,) = await store.key_status()
+        record = await store.get_publish("ok")
+        assert record is not None and status.last_fire == record.finished_at
+        await session.release(term)
+        await store.close()
 
     asyncio.run(run())
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from schedlock.core.identities import parse_rfc3339, rfc3339
 from schedlock.core.scheduling import parse_schedule
 from schedlock.core.settings import (
+    EXIT_BAD_SETTING,
     DatabaseSettings,
     add_command,
     dns_label,
@@ -29,8 +30,10 @@ from schedlock.core.settings import (
 )
 from schedlock.store import (
     KeyStatus,
+    MigrationRefused,
     PublishSpec,
     ScheduleSpec,
+    SchemaStatus,
     SchemaTooNew,
     Store,
     StoreError,
@@ -105,9 +108,13 @@ def _with_store(
 
 
 def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
+    to = None if args.to is None else flag_value("--to", args.to, integer(0, 9999))
 
-    async def migrate(store: Store) -> tuple[list[int], int]:
-        applied = await store.migrate()
+    async def migrate(store: Store) -> tuple[list[int], SchemaStatus] | MigrationRefused:
+        try:
+            changed = await store.migrate(to=to, force=args.force)
+        except MigrationRefused as exc:
+            return exc
         if args.grant_sidecar or args.grant_operator:
             granted = await store.grant(
                 sidecar_role=args.grant_sidecar, operator_role=args.grant_operator
@@ -116,17 +123,35 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
                 print(f"granted runtime privileges to {', '.join(granted)}")
             else:  # SQLite: one process, no roles
                 print("nothing granted: this database has no roles", file=sys.stderr)
-        return applied, (await store.schema_status()).current
+        return changed, await store.schema_status()
 
     result = _with_store("migrate", db, migrate, "cannot migrate")
     if result is None:
         return EXIT_FAILED
-    applied, current = result
-    if applied:
-        print(f"applied migrations {', '.join(map(str, applied))}; schema at {current}")
-    else:
-        print(f"schema is current (migration {current})")
+    if isinstance(result, MigrationRefused):
+        print(f"schedlock migrate: error: {result}", file=sys.stderr)
+        return EXIT_BAD_SETTING
+    print(migrate_report(*result))
     return 0
+
+
+def migrate_report(changed: list[int], status: SchemaStatus) -> str:
+    """What ``schedlock migrate`` says it did (``changed``: as :meth:`Store.migrate` returns)."""
+    current = status.current
+    ids = f"migration{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))}"
+    if changed and changed[0] > current:
+        steps = "their down steps" if len(changed) > 1 else "its down step"
+        return f"reverted {ids} by {steps}; schema at {current}"
+    if changed:
+        return f"applied {ids}; schema at {current}"
+    if current > status.latest:
+        return (
+            f"schema at migration {current} is newer than this schedlock ({status.latest}) and "
+            "runs it (every newer migration is additive): nothing applied"
+        )
+    if current == status.latest:
+        return f"schema is current (migration {current})"
+    return f"schema at migration {current}: nothing to apply"
 
 
 # -- publish and schedule ------------------------------------------------------------------------
@@ -295,9 +320,24 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "migrate",
         DatabaseSettings,
         cmd_migrate,
-        summary="create or upgrade the database schema (run with the owner role)",
-        description="Apply missing migrations, serialised by an advisory lock. Refuses a schema "
-        "newer than this binary.",
+        summary="create, upgrade or roll back the database schema (run with the owner role)",
+        description="Apply missing migrations, serialised by an advisory lock. A schema newer "
+        "than this binary is left alone when every newer migration is additive (this binary "
+        "runs on it), refused otherwise. --to N takes the schema to migration N: up by the "
+        "migrations this binary ships, or down by each migration's down step, newest first, "
+        "each in its own transaction (run it with the newer release before rolling back to an "
+        "older one: docs/operations.md, Upgrades and rollbacks).",
+    )
+    migrate.add_argument(
+        "--to",
+        metavar="N",
+        default=None,
+        help="take the schema to migration N (0 to this binary's newest) instead of the newest",
+    )
+    migrate.add_argument(
+        "--force",
+        action="store_true",
+        help="with --to: also run down steps that lose data (migration 1 drops every row)",
     )
     for component in ("sidecar", "operator"):
         migrate.add_argument(

@@ -56,6 +56,7 @@ class Event(StrEnum):
     DATABASE_NOT_READY = "database_not_ready"
     DATABASE_NOT_USABLE = "database_not_usable"
     MIGRATION_APPLIED = "migration_applied"
+    MIGRATION_REVERTED = "migration_reverted"
     NOTIFICATIONS_STOPPED = "notifications_stopped"
     # store: retention (any contender: sidecar or operator)
     HISTORY_PRUNED = "history_pruned"

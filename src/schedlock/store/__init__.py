@@ -22,6 +22,7 @@ from schedlock.store.errors import (
     ConnectionsExhausted,
     LeadershipLost,
     LockKeyCollision,
+    MigrationRefused,
     MissingPrivileges,
     ReadOnlyServer,
     SchemaError,
@@ -76,6 +77,7 @@ __all__ = [
     "LockKey",
     "LockKeyCollision",
     "LockSession",
+    "MigrationRefused",
     "MissingPrivileges",
     "PublishRecord",
     "PublishSpec",
@@ -104,8 +106,9 @@ __all__ = [
 
 
 async def ensure_schema(store: Store, *, migrate: bool, component: str | None = None) -> None:
-    """Migrate when asked, then require the schema this binary knows (never a newer one) and,
-    for a ``component`` (``sidecar`` or ``operator``), every privilege it needs.
+    """Migrate when asked, then require a schema this binary runs on (its own, or a newer one
+    whose every newer migration is additive) and, for a ``component`` (``sidecar`` or
+    ``operator``), every privilege it needs.
 
     Raises SchemaTooNew, SchemaNotCurrent, MissingPrivileges (or StoreUnavailable): callers
     retry and report.
@@ -113,8 +116,8 @@ async def ensure_schema(store: Store, *, migrate: bool, component: str | None = 
     if migrate:
         await store.migrate()
     status = await store.schema_status()
-    if status.current > status.latest:
-        raise schema_too_new(status.current, status.latest)
+    if status.too_new:
+        raise schema_too_new(status.current, status.latest, status.blocking)
     if status.current < status.latest:
         raise SchemaNotCurrent(
             f"schema at migration {status.current}, {status.latest} needed: "
@@ -154,8 +157,8 @@ async def wait_for_schema(
         except fatal:
             raise
         except SchemaTooNew as exc:
-            # Refuse to run (never downgrade), but stay up and say why: a rolled-back
-            # database or an upgraded image fixes it without a crash loop.
+            # Refuse to run, but stay up and say why: `schedlock migrate --to` run by the
+            # newer release, or an upgraded image, fixes it without a crash loop.
             report(exc)
             log.error(
                 "database schema is newer than this binary",

@@ -16,14 +16,21 @@ class SchemaError(StoreError):
 
 
 class SchemaTooNew(SchemaError):
-    """The database was migrated by a newer schedlock: refuse, never downgrade."""
+    """The database was migrated beyond what this binary can run on: a migration it does not
+    know is not additive (additive ones it runs on, as binaries of the previous release do)."""
 
 
-def schema_too_new(current: int, latest: int) -> SchemaTooNew:
+def schema_too_new(current: int, latest: int, blocking: int | None = None) -> SchemaTooNew:
+    beyond = f"migration {blocking} is not additive" if blocking else "it is newer"
     return SchemaTooNew(
-        f"the database schema is at migration {current} but this schedlock knows only up to "
-        f"{latest}: upgrade schedlock (it never downgrades a schema)"
+        f"the database schema is at migration {current} but this schedlock runs on schemas up to "
+        f"{latest} ({beyond}): upgrade schedlock, or take the schema down with the newer "
+        f"release's `schedlock migrate --to {latest}`"
     )
+
+
+class MigrationRefused(SchemaError):
+    """``migrate --to`` will not take this step (it would lose data, or the binary cannot)."""
 
 
 class SchemaNotCurrent(SchemaError):

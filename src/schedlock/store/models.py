@@ -207,6 +207,14 @@ class SchemaStatus:
     """The last migration applied to the database (0: none)."""
     latest: int
     """The last migration this binary ships."""
+    blocking: int | None = None
+    """When ``current > latest``: the first migration beyond ``latest`` that is not additive,
+    which this binary cannot run on (None: every one is additive, and it runs)."""
+
+    @property
+    def too_new(self) -> bool:
+        """The schema is beyond what this binary runs on."""
+        return self.current > self.latest and self.blocking is not None
 
 
 @dataclass(frozen=True)

@@ -670,12 +670,14 @@ class PostgresConnector:
 
     @contextlib.asynccontextmanager
     async def migration_session(self) -> AsyncIterator[PostgresSession]:
-        """A session of its own holding the migration lock (session-level: never pooled)."""
+        """A session of its own holding the migration lock (session-level: never pooled),
+        with the migrations table in its current form."""
         async with self._connection() as conn:
             session = PostgresSession(conn)
             lock = {"classid": SCHEDLOCK_CLASS_ID, "objid": MIGRATIONS_OBJID}
             await session.fetch("lock", lock)
             try:
+                await session.execute("create_migrations_table", {})
                 yield session
             finally:
                 released = await session.fetch("unlock", lock)

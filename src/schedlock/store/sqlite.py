@@ -223,8 +223,14 @@ class SqliteConnector:
 
     @contextlib.asynccontextmanager
     async def migration_session(self) -> AsyncIterator[SqliteSession]:
-        """One transaction for every migration: BEGIN IMMEDIATE serialises migrators."""
+        """One transaction for every migration (and every down step of a ``migrate --to``):
+        BEGIN IMMEDIATE serialises migrators.  The migrations table is brought to its current
+        form first (an older release's lacks ``additive``; SQLite cannot add it if missing)."""
         async with self.db.session() as session, session.transaction():
+            await session.execute("create_migrations_table", {})
+            columns = {r["name"] for r in await session.fetch("migrations_columns", {})}
+            if "additive" not in columns:
+                await session.execute("add_migrations_additive", {})
             yield session
 
     async def close(self) -> None:

@@ -20,7 +20,14 @@ from schedlock.store import models
 from schedlock.store.contract import HeldLock, LockSession, Maintenance, Sessions
 from schedlock.store.errors import LeadershipLost, StoreError, schema_too_new
 from schedlock.store.keys import LockKey
-from schedlock.store.migrations import latest_id, migrations, split_statements
+from schedlock.store.migrations import (
+    Migration,
+    blocking,
+    latest_id,
+    migrations,
+    plan,
+    split_statements,
+)
 from schedlock.store.rows import Codec, Params, Row, fields_of, from_row, iso
 
 if TYPE_CHECKING:
@@ -213,42 +220,56 @@ class SqlStore:
 
     # -- schema ---------------------------------------------------------------------------------
 
-    async def migrate(self) -> list[int]:
-        """Apply missing migrations, serialised against other migrators; refuse a schema
-        that is too new."""
+    async def migrate(self, *, to: int | None = None, force: bool = False) -> list[int]:
+        """Take the schema to migration ``to`` (default: this binary's newest), serialised
+        against other migrators: the migrations applied, ascending, or undone by their down
+        steps, descending (each step in its own transaction on PostgreSQL, and its record
+        removed).  Refuses (MigrationRefused) a down step that loses data unless ``force``;
+        without ``to``, a schema beyond this binary is left alone when it runs on it (every
+        newer migration additive) and refused (SchemaTooNew) otherwise."""
         dialect = self.dialect
+        known = migrations(dialect)
+        latest = latest_id(dialect)
         async with self.connector.migration_session() as session:
-            await session.execute("create_migrations_table", {})
             current = int((await session.fetch("schema_version", {}))[0]["id"])
-            latest = latest_id(dialect)
-            if current > latest:
-                raise schema_too_new(current, latest)
-            applied: list[int] = []
-            for migration in migrations(dialect):
-                if migration.id <= current:
-                    continue
+            if to is None:
+                if current > latest:
+                    blocking = await self._blocking(session, latest)
+                    if blocking is not None:
+                        raise schema_too_new(current, latest, blocking)
+                    return []
+                to = latest
+            steps = plan(known, current, to, force=force)
+            for migration in steps.up:
                 async with session.transaction():
                     for statement in split_statements(migration.sql):
                         await session.run_sql(statement)
+                    params = {"id": migration.id, "name": migration.name}
                     await session.execute(
-                        "record_migration", {"id": migration.id, "name": migration.name}
+                        "record_migration", {**params, "additive": migration.additive}
                     )
-                log.info(
-                    "applied migration",
-                    extra={
-                        "event": Event.MIGRATION_APPLIED,
-                        "migration": migration.id,
-                        "migration_name": migration.name,
-                    },
-                )
-                applied.append(migration.id)
-            return applied
+                _logged(Event.MIGRATION_APPLIED, "applied migration", migration)
+            for migration in steps.down:
+                async with session.transaction():
+                    for statement in split_statements(migration.down_sql):
+                        await session.run_sql(statement)
+                    await session.execute("forget_migration", {"id": migration.id})
+                _logged(Event.MIGRATION_REVERTED, "reverted migration", migration)
+            return [m.id for m in steps.up or steps.down]
+
+    @staticmethod
+    async def _blocking(session: Session, latest: int) -> int | None:
+        found = await session.fetch("migrations_beyond", {"latest": latest})
+        return blocking(((int(r["id"]), bool(r["additive"])) for r in found), latest)
 
     async def schema_status(self) -> models.SchemaStatus:
+        latest = latest_id(self.dialect)
         async with self.connector.session() as session:
             recorded = (await session.fetch("migrations_recorded", {}))[0]["recorded"]
             found = await session.fetch("schema_version", {}) if recorded else [{"id": 0}]
-        return models.SchemaStatus(current=int(found[0]["id"]), latest=latest_id(self.dialect))
+            current = int(found[0]["id"])
+            blocking = await self._blocking(session, latest) if current > latest else None
+        return models.SchemaStatus(current=current, latest=latest, blocking=blocking)
 
     async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
         return await self.connector.grant(sidecar_role=sidecar_role, operator_role=operator_role)
@@ -409,6 +430,13 @@ class SqlMaintenance:
         return from_row(
             models.HistoryStats, (await self._fetch("history_stats", {}))[0], self.codec
         )
+
+
+def _logged(event: Event, message: str, migration: Migration) -> None:
+    log.info(
+        message,
+        extra={"event": event, "migration": migration.id, "migration_name": migration.name},
+    )
 
 
 def _key_of(row: Row) -> tuple[str, str, str]:

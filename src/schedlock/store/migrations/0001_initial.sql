@@ -1,3 +1,4 @@
+-- additive: no (the first schema: no binary ran before it)
 -- 0001 initial: one-shot publishes, recurring schedules, per-key leadership terms.
 -- Written for PostgreSQL; SQLite reads it through the type rules of schedlock.store.migrations.
 CREATE TABLE schedlock_schedules (

@@ -1,3 +1,4 @@
+-- additive: yes (a new table: binaries of schema 2 never read it)
 -- 0003 reserves: replicas that hold no session for a key (the leader and its standbys hold
 -- one each) enlist here at each of their rare checks for a free standby place.  The roster
 -- spreads their checks over turns (schedlock.sidecar.reserve) and `schedlock status` lists it.

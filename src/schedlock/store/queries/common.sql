@@ -10,7 +10,18 @@ SELECT now() AS now;
 SELECT coalesce(max(id), 0) AS id FROM schedlock_migrations;
 
 -- name: record_migration
-INSERT INTO schedlock_migrations (id, name, applied_at) VALUES (:id, :name, now());
+INSERT INTO schedlock_migrations (id, name, additive, applied_at)
+VALUES (:id, :name, :additive, now());
+
+-- name: forget_migration
+-- `migrate --to`: the migration's down step ran in this transaction.
+DELETE FROM schedlock_migrations WHERE id = :id;
+
+-- name: migrations_beyond
+-- The recorded migrations beyond a binary's newest, whether each is additive (the rule is
+-- schedlock.store.migrations.blocking).  Only asked when the schema is newer than the binary,
+-- so the table was created or upgraded by a release that records `additive`.
+SELECT id, additive FROM schedlock_migrations WHERE id > :latest;
 
 -- name: release_term
 UPDATE schedlock_terms SET heartbeat_at = now(), released_at = now()
@@ -164,12 +175,14 @@ SELECT id, uid, namespace, name, generation, target, expression, time_zone, stat
 FROM schedlock_schedules WHERE uid = :uid;
 
 -- name: latest_slot
-SELECT p.id, p.scheduler, p.namespace, p.name, p.uid, p.generation, p.target, p.due_at,
-       p.next_attempt_at, p.payload, p.state, p.attempts, p.max_attempts, p.term, p.holder,
-       p.last_status, p.last_error, p.fired_at, p.finished_at
-FROM schedlock_publishes p JOIN schedlock_schedules s ON s.id = p.schedule_id
-WHERE s.uid = :uid
-ORDER BY p.due_at DESC, p.id DESC
+-- One backward probe of schedlock_publishes_schedule (migration 0004): the schedule's id is
+-- found first, so the index's (schedule_id, due_at, id) order is the ORDER BY (a join would
+-- sort every slot the schedule ever had).
+SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
+       state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at
+FROM schedlock_publishes
+WHERE schedule_id = (SELECT s.id FROM schedlock_schedules s WHERE s.uid = :uid)
+ORDER BY schedule_id DESC, due_at DESC, id DESC
 LIMIT 1;
 
 -- name: changed_since
@@ -183,16 +196,22 @@ ORDER BY updated_at, id
 LIMIT :limit;
 
 -- name: key_status
+-- Live rows only (migration 0004): the backlog is the due scheduled rows (claim index) plus
+-- the firing ones (firing index), next due one probe of the claim index, and the last fire is
+-- kept on the term's row by `complete` instead of being found in the key's history.
 SELECT t.scheduler, t.namespace, t.target, t.term, t.holder, t.since, t.heartbeat_at, t.released_at,
-       (SELECT count(*) FROM schedlock_publishes p
-        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
-          AND p.state IN ('scheduled', 'firing') AND p.next_attempt_at <= now()) AS backlog,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM schedlock_publishes p
+            WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+              AND p.state = 'scheduled' AND p.next_attempt_at <= now()
+            UNION ALL
+            SELECT 1 FROM schedlock_publishes p
+            WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
+              AND p.state = 'firing' AND p.next_attempt_at <= now()) AS live) AS backlog,
        (SELECT min(p.next_attempt_at) FROM schedlock_publishes p
         WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
           AND p.state = 'scheduled') AS next_due,
-       (SELECT max(p.finished_at) FROM schedlock_publishes p
-        WHERE p.scheduler = t.scheduler AND p.namespace = t.namespace AND p.target = t.target
-          AND p.state = 'published') AS last_fire
+       t.last_fire_at AS last_fire
 FROM schedlock_terms t
 ORDER BY t.namespace, t.target, t.scheduler;
 

@@ -124,20 +124,28 @@ SELECT bumped.term,
 FROM bumped, prev;
 
 -- name: heartbeat
--- Proves the lock session is alive, renews nothing (the lock is the lease) and reads the backlog.
+-- Proves the lock session is alive, renews nothing (the lock is the lease) and reads the backlog:
+-- the due scheduled rows (claim index) and the firing ones (firing index), each half bounded
+-- by live rows (an IN over both states matches neither partial index: a scan of the history).
 WITH hb AS (
     UPDATE schedlock_terms SET heartbeat_at = now()
     WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
       AND term = %(term)s
     RETURNING term
+), live AS (
+    SELECT next_attempt_at FROM schedlock_publishes
+    WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+      AND state = 'scheduled' AND next_attempt_at <= now()
+    UNION ALL
+    SELECT next_attempt_at FROM schedlock_publishes
+    WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+      AND state = 'firing' AND next_attempt_at <= now()
 )
 SELECT (SELECT count(*) FROM hb) AS alive,
        pg_backend_pid() AS pid,
        count(*) AS backlog,
-       extract(epoch FROM now() - min(p.next_attempt_at))::float8 AS oldest_due_age
-FROM schedlock_publishes p
-WHERE p.scheduler = %(scheduler)s AND p.namespace = %(namespace)s AND p.target = %(target)s
-  AND p.state IN ('scheduled', 'firing') AND p.next_attempt_at <= now();
+       extract(epoch FROM now() - min(live.next_attempt_at))::float8 AS oldest_due_age
+FROM live;
 
 -- name: claim_due
 WITH due AS (
@@ -184,7 +192,12 @@ WITH v AS (
       AND EXISTS (SELECT 1 FROM schedlock_terms t
                   WHERE t.scheduler = %(scheduler)s AND t.namespace = %(namespace)s
                     AND t.target = %(target)s AND t.term = %(term)s)
-    RETURNING p.id
+    RETURNING p.id, p.state
+), fired AS (
+    -- The key's last fire, for `schedlock status` (kept here, not read from the history).
+    UPDATE schedlock_terms SET last_fire_at = now()
+    WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
+      AND term = %(term)s AND EXISTS (SELECT 1 FROM done WHERE done.state = 'published')
 )
 SELECT count(*) AS completed,
        pg_notify(%(channel)s, json_build_object(
@@ -200,6 +213,7 @@ FROM schedlock_schedules
 WHERE namespace = %(namespace)s AND target = %(target)s AND state = 'active';
 
 -- name: cancel_schedule
+-- The schedule's live slots through schedlock_publishes_unfired_slots (migration 0004).
 WITH s AS (
     UPDATE schedlock_schedules SET state = 'cancelled', updated_at = now()
     WHERE uid = %(uid)s AND state <> 'cancelled' RETURNING id
@@ -255,9 +269,20 @@ WHERE uid = ANY(%(uids)s::text[]);
 SELECT to_regclass('schedlock_migrations') IS NOT NULL AS recorded;
 
 -- name: create_migrations_table
-CREATE TABLE IF NOT EXISTS schedlock_migrations (
-    id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
-);
+-- `additive` joined the table with the rollback rule: a table of an older release gets it
+-- too (its rows are migrations every binary that reads the column knows: the default is moot).
+-- Only when missing: ALTER TABLE locks the table against the sidecars' schema checks even
+-- when it has nothing to do.
+DO $$ BEGIN
+    CREATE TABLE IF NOT EXISTS schedlock_migrations (
+        id integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
+    );
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'schedlock_migrations'::regclass AND attname = 'additive'
+                     AND NOT attisdropped) THEN
+        ALTER TABLE schedlock_migrations ADD COLUMN IF NOT EXISTS additive boolean NOT NULL DEFAULT false;
+    END IF;
+END $$;
 
 -- ── retention (schedlock.store.retention) ────────────────────────────────────────────────────
 -- Batches take their rows FOR UPDATE SKIP LOCKED: a prune never waits for a row another

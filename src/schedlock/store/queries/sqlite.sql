@@ -21,13 +21,18 @@ WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
 RETURNING term;
 
 -- name: heartbeat
+-- The backlog as two halves, each on its partial index (see postgres.sql).
 UPDATE schedlock_terms SET heartbeat_at = now()
 WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target AND term = :term;
 SELECT changes() AS alive, count(*) AS backlog,
        (julianday(now()) - julianday(min(next_attempt_at))) * 86400.0 AS oldest_due_age
-FROM schedlock_publishes
-WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
-  AND state IN ('scheduled', 'firing') AND next_attempt_at <= now();
+FROM (SELECT next_attempt_at FROM schedlock_publishes
+      WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
+        AND state = 'scheduled' AND next_attempt_at <= now()
+      UNION ALL
+      SELECT next_attempt_at FROM schedlock_publishes
+      WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
+        AND state = 'firing' AND next_attempt_at <= now());
 
 -- name: claim_due
 UPDATE schedlock_publishes
@@ -53,7 +58,11 @@ WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
   AND state = 'scheduled';
 
 -- name: complete
--- One statement per batch of outcomes (a JSON array), as on PostgreSQL.
+-- One statement per batch of outcomes (a JSON array), as on PostgreSQL; the key's last fire
+-- first, so that changes() counts the outcomes.
+UPDATE schedlock_terms SET last_fire_at = now()
+WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target AND term = :term
+  AND EXISTS (SELECT 1 FROM json_each(:completions) WHERE value ->> '$.outcome' = 'published');
 UPDATE schedlock_publishes
 SET state = CASE v.outcome WHEN 'retry' THEN 'scheduled' ELSE v.outcome END,
     next_attempt_at = COALESCE(v.next_attempt_at, schedlock_publishes.next_attempt_at),
@@ -105,9 +114,18 @@ SELECT EXISTS (SELECT 1 FROM sqlite_master
                WHERE type = 'table' AND name = 'schedlock_migrations') AS recorded;
 
 -- name: create_migrations_table
+-- A table of an older release gets `additive` from the connector (SQLite's ADD COLUMN has no
+-- IF NOT EXISTS): schedlock.store.sqlite.SqliteConnector.migration_session.
 CREATE TABLE IF NOT EXISTS schedlock_migrations (
-    id integer PRIMARY KEY, name text NOT NULL, applied_at text NOT NULL
+    id integer PRIMARY KEY, name text NOT NULL, applied_at text NOT NULL,
+    additive boolean NOT NULL DEFAULT false
 );
+
+-- name: migrations_columns
+SELECT name FROM pragma_table_info('schedlock_migrations');
+
+-- name: add_migrations_additive
+ALTER TABLE schedlock_migrations ADD COLUMN additive boolean NOT NULL DEFAULT false;
 -- name: key_sessions
 -- Always the leader: the holder of a live term holds the "lock"; nobody waits.
 SELECT scheduler, namespace, target,

@@ -1,0 +1,86 @@
+"""The schema of a schedlock database as the migration tests compare it.
+
+:func:`pg_schema` and :func:`sqlite_schema` give the same shape on both dialects (tables'
+column names, index names), so a replay of the migrations on each can be compared;
+:func:`pg_definitions` is PostgreSQL's whole definition (column types and defaults, index
+definitions, storage parameters, triggers, functions), for down-then-up against a fresh replay.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import psycopg
+
+
+def pg_schema(url: str) -> dict[str, set[str]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = 'public' AND table_name LIKE 'schedlock_%'"
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'public' "
+            "AND indexname LIKE 'schedlock_%' AND indexname NOT LIKE '%pkey' "
+            "AND indexname NOT LIKE '%_key'"
+        ).fetchall()
+    schema: dict[str, set[str]] = {}
+    for table, column in rows:
+        schema.setdefault(table, set()).add(column)
+    schema["<indexes>"] = {i for (i,) in indexes}
+    return schema
+
+
+def sqlite_schema(path: Path) -> dict[str, set[str]]:
+    conn = sqlite3.connect(path)
+    schema: dict[str, set[str]] = {}
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'schedlock_%'"
+        )
+    ]
+    for table in tables:
+        schema[table] = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+    schema["<indexes>"] = {
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'schedlock_%'"
+        )
+    }
+    conn.close()
+    return schema
+
+
+def pg_definitions(url: str) -> dict[str, set[tuple[object, ...]]]:
+    with psycopg.connect(url) as conn:
+
+        def rows(sql: str) -> set[tuple[object, ...]]:
+            return set(conn.execute(sql).fetchall())
+
+        return {
+            "columns": rows(
+                "SELECT table_name, column_name, data_type, is_nullable, column_default "
+                "FROM information_schema.columns WHERE table_schema = 'public'"
+            ),
+            "indexes": rows(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
+            ),
+            "storage": rows(
+                "SELECT relname, array_to_string(reloptions, ',') FROM pg_class "
+                "WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'"
+            ),
+            "constraints": rows(
+                "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
+                "FROM pg_constraint WHERE connamespace = 'public'::regnamespace"
+            ),
+            "triggers": rows(
+                "SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+                "WHERE NOT tgisinternal"
+            ),
+            "functions": rows(
+                "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
+                "WHERE pronamespace = 'public'::regnamespace"
+            ),
+        }
