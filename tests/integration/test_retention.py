@@ -537,3 +537,36 @@ def test_a_sqlite_sidecar_prunes_what_it_fired(tmp_path: Path) -> None:
     finally:
         sidecar.stop()
         receiver.stop()
+
+
+def test_prune_batches_read_one_index_range(migrated_database: str) -> None:
+    """With history (published rows past and inside the retention, as many failed ones inside
+    theirs), a batch and the oldest-row measure use their state's own index, never a scan of
+    the table nor a walk of the updated_at index over rows of other states.  The pass's session
+    never prepares statements, so each batch is planned with its own values (a generic plan,
+    with the state a parameter, can pick the updated_at index and walk the failed rows)."""
+    from schedlock.store.queries import load
+
+    queries = load("postgres")
+
+    url = migrated_database
+    add_rows(url, 20_000, state="published", age=2 * HOUR, prefix="p-")
+    add_rows(url, 20_000, state="published", age=0.1 * HOUR, prefix="n-")
+    add_rows(url, 20_000, state="failed", age=2 * HOUR, prefix="f-")
+    add_rows(url, 200, state="scheduled", age=-HOUR, prefix="s-")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE schedlock_publishes")
+        plans = [
+            "\n".join(str(r[0]) for r in conn.execute("EXPLAIN " + sql, params))
+            for sql, params in (
+                (queries["prune_publishes"], {
+                    "state": "published", "cutoff": datetime.now(UTC) - timedelta(hours=1),
+                    "limit": 1000,
+                }),
+                (queries["history_stats"], {}),
+            )
+        ]  # fmt: skip
+    for plan in plans:
+        assert "schedlock_publishes_published_age" in plan, plan
+        assert "Seq Scan on schedlock_publishes" not in plan, plan
+        assert "schedlock_publishes_finished" not in plan, plan

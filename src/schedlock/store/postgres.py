@@ -648,6 +648,10 @@ class PostgresConnector:
                     self._connection(f"{self.application_name}-prune")
                 )
                 pinned = PostgresSession(conn)
+            # Every batch planned with its own values: a prepared statement's generic plan,
+            # the state a parameter, may walk the updated_at index across every other state.
+            threshold, pinned.conn.prepare_threshold = pinned.conn.prepare_threshold, None
+            stack.callback(setattr, pinned.conn, "prepare_threshold", threshold)
 
             @contextlib.asynccontextmanager
             async def use() -> AsyncIterator[PostgresSession]:

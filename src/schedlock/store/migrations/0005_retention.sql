@@ -11,9 +11,19 @@ CREATE TABLE schedlock_maintenance (
     lease_until timestamptz
 );
 INSERT INTO schedlock_maintenance (task) VALUES ('prune');
--- Rows at rest (suspended or finished) by state and age: each prune batch and the oldest
--- finished row's age read one index range per state, whatever the number of live rows or of
--- rows of other states (failed rows kept 7 days are never walked by the 24-hour prune of
--- published ones).  Scheduled and firing rows have indexes of their own (0001, 0002).
-CREATE INDEX schedlock_publishes_at_rest ON schedlock_publishes (state, updated_at)
-    WHERE state IN ('suspended', 'published', 'cancelled', 'failed', 'missed');
+-- One index per finished state, by age (a row is in exactly one: the same size as one index
+-- over them all): each prune batch and the oldest finished row's age read one range of their
+-- state's index, whatever the number of live rows or of rows of other states.  One over every
+-- state (or the updated_at index of 0001) is what a planner would walk from the oldest end,
+-- through 7 days of failed rows kept, to reach the published ones just past their 24 hours.
+-- Suspended rows by key: a key's terms row is kept while it has one.
+CREATE INDEX schedlock_publishes_published_age ON schedlock_publishes (updated_at)
+    WHERE state = 'published';
+CREATE INDEX schedlock_publishes_cancelled_age ON schedlock_publishes (updated_at)
+    WHERE state = 'cancelled';
+CREATE INDEX schedlock_publishes_failed_age ON schedlock_publishes (updated_at)
+    WHERE state = 'failed';
+CREATE INDEX schedlock_publishes_missed_age ON schedlock_publishes (updated_at)
+    WHERE state = 'missed';
+CREATE INDEX schedlock_publishes_suspended ON schedlock_publishes (scheduler, namespace, target)
+    WHERE state = 'suspended';

@@ -217,9 +217,8 @@ ORDER BY t.namespace, t.target, t.scheduler;
 
 -- ── retention (schedlock.store.retention) ────────────────────────────────────────────────────
 -- One elected process prunes finished history on a short session of its own, never a lock
--- session.  The states are spelled out as literals next to each :state parameter so that
--- both planners can prove the partial index schedlock_publishes_at_rest (0005) applies, also
--- to a generic plan.
+-- session, that never prepares statements: each batch is planned with its state, so the
+-- planner picks that state's partial index (0005).
 
 -- name: claim_maintenance
 -- Take or renew the lease of a maintenance task (database clock); no row: another holds it.

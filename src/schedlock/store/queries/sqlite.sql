@@ -146,8 +146,8 @@ SELECT 1 AS ok;
 -- name: prune_publishes
 DELETE FROM schedlock_publishes
 WHERE id IN (SELECT id FROM schedlock_publishes
-             WHERE state IN ('suspended', 'published', 'cancelled', 'failed', 'missed')
-               AND state = :state AND updated_at < :cutoff
+             WHERE state = :state AND updated_at < :cutoff
+             ORDER BY updated_at
              LIMIT :limit);
 
 -- name: prune_schedules
@@ -182,16 +182,12 @@ WHERE rowid IN (
 -- name: history_stats
 -- Ages as on PostgreSQL; table sizes are PostgreSQL's only (NULL here).
 SELECT (julianday(now()) - julianday((SELECT min(updated_at) FROM schedlock_publishes
-        WHERE state IN ('suspended', 'published', 'cancelled', 'failed', 'missed')
-          AND state = 'published'))) * 86400.0 AS published_age_seconds,
+                                          WHERE state = 'published'))) * 86400.0 AS published_age_seconds,
        (julianday(now()) - julianday((SELECT min(updated_at) FROM schedlock_publishes
-        WHERE state IN ('suspended', 'published', 'cancelled', 'failed', 'missed')
-          AND state = 'cancelled'))) * 86400.0 AS cancelled_age_seconds,
+                                          WHERE state = 'cancelled'))) * 86400.0 AS cancelled_age_seconds,
        (julianday(now()) - julianday((SELECT min(updated_at) FROM schedlock_publishes
-        WHERE state IN ('suspended', 'published', 'cancelled', 'failed', 'missed')
-          AND state = 'failed'))) * 86400.0 AS failed_age_seconds,
+                                          WHERE state = 'failed'))) * 86400.0 AS failed_age_seconds,
        (julianday(now()) - julianday((SELECT min(updated_at) FROM schedlock_publishes
-        WHERE state IN ('suspended', 'published', 'cancelled', 'failed', 'missed')
-          AND state = 'missed'))) * 86400.0 AS missed_age_seconds,
+                                          WHERE state = 'missed'))) * 86400.0 AS missed_age_seconds,
        NULL AS publishes_bytes, NULL AS schedules_bytes, NULL AS terms_bytes,
        NULL AS reserves_bytes;
