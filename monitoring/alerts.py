@@ -45,6 +45,10 @@ HANDOVER_GAP_SECONDS = min(b for b in GAP_BUCKETS if b >= DEFAULT_TIMINGS.handov
 HANDOVER_WINDOW = "30m"
 FAILURE_WINDOW = "15m"
 REFUSED_WINDOW = "5m"
+# The oldest finished row past its retention by more than this (seconds) means nothing prunes:
+# a running pruner keeps it within about one prune interval (60 s) of the retention, and clears
+# a backlog of millions of rows in minutes.
+PRUNE_OVERDUE_SECONDS = 3600
 
 GRAFANA_FOLDER = "schedlock"
 # Grafana expands environment variables in provisioning files (not in annotations): the
@@ -255,6 +259,30 @@ ALERTS: tuple[Alert, ...] = (
             f"{REFUSED_WINDOW} for more than " + "{for}: it is full. The sidecar holds no "
             "session and backs off, and leaders keep theirs, but a key whose leader and "
             "standbys are lost now cannot be taken over, and the app's own pool is at the limit."
+        ),
+    ),
+    Alert(
+        name="SchedlockHistoryNotPruned",
+        severity="warning",
+        # Each sidecar that contends for the pruning lease exports the database's oldest row per
+        # finished state and the retention it prunes by (0: kept forever, left out by `> 0`);
+        # the same on every contender, so max() over them is the database's.
+        value=(
+            "max by (state) (\n"
+            "  schedlock_history_oldest_finished_age_seconds\n"
+            "  - (schedlock_history_retention_seconds > 0)\n"
+            ")"
+        ),
+        op=">",
+        threshold=PRUNE_OVERDUE_SECONDS,
+        for_="30m",
+        summary="schedlock history of {{ $labels.state }} rows is not being pruned",
+        description=(
+            "The oldest {{ $labels.state }} row in the schedlock tables is "
+            "{{ $value | humanizeDuration }} past its retention (more than "
+            f"{PRUNE_OVERDUE_SECONDS // 60} minutes for over " + "{for}): no process holds "
+            "the pruning lease and prunes (every process lacks the privileges, the retention "
+            "is off everywhere but here, or the pruner fails), so the table only grows."
         ),
     ),
 )

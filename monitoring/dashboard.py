@@ -398,6 +398,49 @@ def panels() -> list[dict[str, Any]]:
             ],
             stacked=True,
         ),
+        _row("History"),
+        _timeseries(
+            "Oldest finished row",
+            "Age of the database's oldest row per finished state, as the sidecars that contend "
+            "for the pruning lease measure it; a running pruner keeps it near the retention. An "
+            "hour past it for 30m fires SchedlockHistoryNotPruned.",
+            [
+                _target(
+                    "max by (state) (schedlock_history_oldest_finished_age_seconds"
+                    f"{{{SIDECAR_SEL}}})",
+                    "{{state}}",
+                ),
+                _target(
+                    f"max by (state) (schedlock_history_retention_seconds{{{SIDECAR_SEL}}} > 0)",
+                    "retention {{state}}",
+                    ref="B",
+                ),
+            ],
+            unit="s",
+        ),
+        _timeseries(
+            "Rows pruned",
+            "Rows the elected pruner deleted, per table.",
+            [
+                _target(
+                    "sum by (table) (rate(schedlock_history_pruned_rows_total"
+                    f"{{{SIDECAR_SEL}}}[$__rate_interval]))",
+                    "{{table}}",
+                )
+            ],
+            unit="ops",
+        ),
+        _timeseries(
+            "Table size",
+            "Size on disk of each schedlock table, indexes and TOAST included (PostgreSQL).",
+            [
+                _target(
+                    f"max by (table) (schedlock_history_table_bytes{{{SIDECAR_SEL}}})",
+                    "{{table}}",
+                )
+            ],
+            unit="bytes",
+        ),
     ]
 
 
@@ -419,6 +462,9 @@ _WIDTHS = {
     "Database sessions": 8,
     "Roles per key": 8,
     "Refused connections": 8,
+    "Oldest finished row": 8,
+    "Rows pruned": 8,
+    "Table size": 8,
 }
 
 

@@ -485,6 +485,11 @@ def test_operator_env_maps_one_to_one_onto_its_settings() -> None:
         "SCHEDLOCK_SYNC_SWEEP_SECONDS": "30",
         "SCHEDLOCK_REASSERT_SECONDS": "30",
         "SCHEDLOCK_MIGRATE": "auto",
+        # retention.*, the same defaults as the settings' (the injected sidecars get them too)
+        "SCHEDLOCK_RETENTION_SECONDS": "86400",
+        "SCHEDLOCK_FAILED_RETENTION_SECONDS": "604800",
+        "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": "60",
+        "SCHEDLOCK_PRUNE_BATCH_SIZE": "1000",
         "SCHEDLOCK_SIDECAR_IMAGE": f"ghcr.io/schedlock/schedlock:{__version__}",
         "SCHEDLOCK_SIDECAR_DATABASE_SECRET": "schedlock-database",
         "SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY": "url",

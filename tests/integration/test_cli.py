@@ -64,6 +64,10 @@ BAD_VALUES: dict[str, tuple[str, str]] = {
     "SCHEDLOCK_MIGRATE": ("yes", "one of auto, off"),
     "SCHEDLOCK_LOG_LEVEL": ("loud", "one of debug"),
     "SCHEDLOCK_LOG_FORMAT": ("xml", "one of json, text"),
+    "SCHEDLOCK_RETENTION_SECONDS": ("-5", "from 0 to 315360000"),
+    "SCHEDLOCK_FAILED_RETENTION_SECONDS": ("forever", "a number"),
+    "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": ("0", "from 1 to 86400"),
+    "SCHEDLOCK_PRUNE_BATCH_SIZE": ("5", "from 10 to 100000"),
 }
 
 
@@ -240,6 +244,10 @@ OPERATOR_BAD_VALUES: dict[str, tuple[str, str]] = {
     "SCHEDLOCK_MIGRATE": ("maybe", "one of auto, off"),
     "SCHEDLOCK_LOG_LEVEL": ("chatty", "one of debug"),
     "SCHEDLOCK_LOG_FORMAT": ("yaml", "one of json, text"),
+    "SCHEDLOCK_RETENTION_SECONDS": ("1e10", "from 0 to 315360000"),
+    "SCHEDLOCK_FAILED_RETENTION_SECONDS": ("-1", "from 0 to 315360000"),
+    "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": ("often", "a number"),
+    "SCHEDLOCK_PRUNE_BATCH_SIZE": ("1000000", "from 10 to 100000"),
 }
 
 

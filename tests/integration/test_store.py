@@ -356,8 +356,12 @@ def test_runtime_roles_have_no_ddl_and_only_their_privileges(migrated_database: 
         with psycopg.connect(as_role(migrated_database, role), autocommit=True) as conn:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("CREATE TABLE schedlock_evil (x int)")
+            # DELETE on the rows is the pruner's (schedlock.store.retention); never a TRUNCATE
+            # nor the migrations' record.
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("DELETE FROM schedlock_publishes")
+                conn.execute("TRUNCATE schedlock_publishes")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("DELETE FROM schedlock_migrations")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("DROP TABLE schedlock_terms")
     with (

@@ -13,6 +13,7 @@ from schedlock.operator.reassert import (
     plan,
     recorded_outcome,
     snapshot,
+    upsert_rule,
 )
 from schedlock.operator.settings import OperatorSettings
 from schedlock.store import PublishSpec, RecordedOutcome, RowVersion, ScheduleSpec, Store
@@ -65,7 +66,7 @@ def test_a_missing_schedule_is_upserted_and_a_slot_row_is_not_its_row() -> None:
     assert len(result.upserts) == 1 and isinstance(result.upserts[0], ScheduleSpec)
 
 
-def test_a_terminal_object_is_restored_in_its_outcome_and_never_rearmed() -> None:
+def test_a_terminal_object_is_restored_in_its_outcome_only_when_its_row_went_back() -> None:
     status = {
         "phase": "Published",
         "observedGeneration": 1,
@@ -75,7 +76,12 @@ def test_a_terminal_object_is_restored_in_its_outcome_and_never_rearmed() -> Non
     }
     published = {**obj("a"), "status": status}
     missed = obj("m", phase="Missed")
-    result = plan([published, missed], [])  # both rows lost
+    # Rows gone behind a recorded outcome (pruned after the retention, or lost): done, nothing
+    # written.  Restoring would undo every prune; upserting would fire them again.
+    gone = plan([published, missed], [])
+    assert gone.writes == 0 and gone.compared == 2
+    # A row a restore put back in `scheduled` (or `suspended`) gets the outcome back.
+    result = plan([published, missed], [row("a"), row("m", state="suspended")])
     assert result.upserts == []
     restored = {spec.uid: outcome for spec, outcome in result.restores}
     assert restored["a"] == RecordedOutcome(
@@ -86,11 +92,35 @@ def test_a_terminal_object_is_restored_in_its_outcome_and_never_rearmed() -> Non
         holder="pod-a",
     )
     assert restored["m"].state == "missed"
-    # A row a restore put back in `scheduled` gets the outcome too; a finished one does not.
-    assert len(plan([published], [row("a")]).restores) == 1
     assert plan([published], [row("a", state="published")]).writes == 0
     assert plan([published], [row("a", state="firing")]).writes == 0  # the leader owns it
     assert plan([published], [row("a", generation=2)]).writes == 0  # newer than the object
+
+
+def test_the_upsert_handler_writes_nothing_behind_an_outcome_of_this_generation() -> None:
+    spec = PublishSpec(
+        namespace="ns",
+        name="a",
+        uid="a",
+        target="app",
+        generation=2,
+        due_at=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+    fired_now = {"phase": "Published", "observedGeneration": 2}
+    fired_before = {"phase": "Failed", "observedGeneration": 1}
+    same_time = {"target": "app", "publishAt": DUE}
+    moved = {"target": "app", "publishAt": "2030-01-02T00:00:00Z"}
+    # A resume (operator restart) of a fired object: its row may be pruned, nothing to write.
+    assert upsert_rule(fired_now, spec, same_time) == "skip"
+    assert upsert_rule(fired_now, spec, None) == "skip"
+    # A payload edit after firing keeps the outcome (a pruned row is stored in it).
+    assert upsert_rule(fired_before, spec, same_time) == "keep"
+    # A new time re-arms; an unknown last spec or no outcome is the usual upsert.
+    assert upsert_rule(fired_before, spec, moved) == "write"
+    assert upsert_rule(fired_before, spec, None) == "write"
+    assert upsert_rule(fired_before, spec, {"publishAt": "not a time"}) == "write"
+    assert upsert_rule({"phase": "Scheduled", "observedGeneration": 2}, spec, same_time) == "write"
+    assert upsert_rule({"phase": "Cancelled", "observedGeneration": 2}, spec, same_time) == "write"
 
 
 def test_objects_the_handlers_are_not_done_with_are_left_to_them() -> None:

@@ -58,6 +58,10 @@ class Event(StrEnum):
     MIGRATION_APPLIED = "migration_applied"
     MIGRATION_REVERTED = "migration_reverted"
     NOTIFICATIONS_STOPPED = "notifications_stopped"
+    # store: retention (any contender: sidecar or operator)
+    HISTORY_PRUNED = "history_pruned"
+    PRUNE_FAILED = "prune_failed"
+    PRUNE_NOT_PERMITTED = "prune_not_permitted"
     # operator
     OPERATOR_STARTED = "operator_started"
     OPERATOR_STOPPED = "operator_stopped"

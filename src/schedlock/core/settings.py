@@ -366,3 +366,56 @@ class ServiceSettings(DatabaseSettings):
     @property
     def holder_name(self) -> str:
         return self.holder or socket.gethostname()
+
+
+DAY_SECONDS = 24 * 3600.0
+MAX_RETENTION_SECONDS = 3650 * 24 * 3600  # ten years; a whole number, as --help and errors show it
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """How long finished history is kept, for every process that may prune it (the sidecar and
+    the operator: ``schedlock.store.retention``).  Give them all the same values (the chart
+    sets both from ``retention.*``): whichever process holds the lease prunes by its own."""
+
+    retention_seconds: float = setting(
+        "SCHEDLOCK_RETENTION_SECONDS",
+        DAY_SECONDS,
+        number(0, MAX_RETENTION_SECONDS),
+        "seconds",
+        help="how long published and cancelled rows, cancelled schedules and the terms of "
+        "keys no sidecar serves are kept after their last change before they are pruned; "
+        "0 keeps them forever. With the operator, keep it longer than any operator outage: "
+        "an outcome pruned before the operator recorded it in the object's status would be "
+        "written again",
+    )
+    failed_retention_seconds: float = setting(
+        "SCHEDLOCK_FAILED_RETENTION_SECONDS",
+        7 * DAY_SECONDS,
+        number(0, MAX_RETENTION_SECONDS),
+        "seconds",
+        help="how long failed and missed rows are kept (longer: they are what someone "
+        "investigates); 0 keeps them forever",
+    )
+    prune_interval_seconds: float = setting(
+        "SCHEDLOCK_PRUNE_INTERVAL_SECONDS",
+        60.0,
+        number(1, DAY_SECONDS),
+        "seconds",
+        help="how often the elected process prunes (one short database session each time); "
+        "the others try for the election about once per three intervals",
+    )
+    prune_batch_size: int = setting(
+        "SCHEDLOCK_PRUNE_BATCH_SIZE",
+        1000,
+        integer(10, 100_000),
+        "rows",
+        help="rows deleted per statement; each batch commits on its own and is followed by a "
+        "pause as long as it took",
+    )
+
+    def retention_env(self) -> tuple[tuple[str, str], ...]:
+        """These settings as (variable, value) pairs, for processes this one starts or injects."""
+        return tuple(
+            (spec.env, f"{getattr(self, f.name):g}") for f, spec in specs(RetentionSettings)
+        )

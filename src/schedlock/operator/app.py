@@ -25,6 +25,7 @@ from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
 from schedlock.store import ReadOnlyServer, Store, StoreError, open_store, wait_for_schema
+from schedlock.store.retention import Pruner, RetentionPolicy
 
 log = logging.getLogger("schedlock.operator")
 EXIT_FATAL = 1
@@ -144,6 +145,10 @@ async def run_kopf(
     )
     sync_task = asyncio.create_task(sync.run(stopping), name="status-sync")
     reassert_task = asyncio.create_task(reasserter.run(stopping), name="reassert")
+    # The operator contends for the pruning lease like the sidecars, on one of its pool's
+    # sessions for a pass (schedlock.store.retention); it exports no metrics, the sidecars do.
+    pruner = Pruner(store, f"{settings.holder_name}-operator", RetentionPolicy.of(settings))
+    prune_task = asyncio.create_task(pruner.run(stopping), name="prune")
     log.info(
         "operator started",
         extra={
@@ -170,7 +175,7 @@ async def run_kopf(
         return EXIT_FATAL
     finally:
         stopping.set()
-        for task in (sync_task, reassert_task):
+        for task in (sync_task, reassert_task, prune_task):
             try:
                 await asyncio.wait_for(task, 5)
             except TimeoutError:

@@ -14,6 +14,10 @@ adds nor removes it, and the upsert puts it in its own patch once the row exists
 on it is kopf's as before: an object deleted while the operator is down waits for the cancel
 handler, and kopf removes the finalizer once the cancel succeeded.  Events are posted for
 outcomes only (here: an invalid spec, a cancel on delete; the sync posts the fire outcomes).
+
+Retention: an object whose status records an outcome for its current generation is done — its
+row may have been pruned — so the upsert writes nothing for it (``reassert.upsert_rule``, the
+rule written down in ``schedlock.operator.reassert``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import kopf
 from schedlock.operator import mapping
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.injection import InjectionConfig, inject_pod, refusal
-from schedlock.operator.reassert import snapshot
+from schedlock.operator.reassert import recorded_outcome, snapshot, upsert_rule
 from schedlock.store import (
     RECORDED_OUTCOMES,
     PublishSpec,
@@ -147,14 +151,31 @@ def build_registry(
         """In a pod: the mounted ServiceAccount token; elsewhere: $KUBECONFIG / ~/.kube/config."""
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
-    async def upsert(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
+    async def upsert(
+        body: kopf.Body, status: kopf.Status, patch: kopf.Patch, old: Any = None, **_: Any
+    ) -> None:
         try:
             spec = mapping.desired(body)
         except mapping.InvalidSpec as exc:
             invalid(body, status, patch, str(exc))
             return
+        # The status is the record of an outcome (reassert's rule): a row pruned after it
+        # fired must not come back as scheduled on a resume or a payload edit.
+        rule = (
+            upsert_rule(status, spec, (old or {}).get("spec"))
+            if isinstance(spec, PublishSpec)
+            else "write"
+        )
+        if rule == "skip":
+            hold(body, patch)
+            return  # this generation's outcome is recorded: its row is done, pruned or not
         try:
-            if isinstance(spec, PublishSpec):
+            if rule == "keep":
+                assert isinstance(spec, PublishSpec)
+                outcome = recorded_outcome(status)
+                assert outcome is not None
+                result = await store.restore_publish(spec, outcome)
+            elif isinstance(spec, PublishSpec):
                 result = await store.upsert_publish(spec)
             else:
                 result = await store.upsert_schedule(spec)
@@ -163,7 +184,7 @@ def build_registry(
         except StoreError as exc:
             raise kopf.TemporaryError(f"database error: {exc}", delay=15) from exc
         hold(body, patch)  # a row exists: deleting the object must wait for its cancel
-        if result.id is not None and result.state in RECORDED_OUTCOMES:
+        if rule == "keep" or (result.id is not None and result.state in RECORDED_OUTCOMES):
             # A new generation of a row that keeps its outcome (same due time): the status
             # still tells the truth, now about this generation (the re-assertion relies on it).
             patch.status["observedGeneration"] = spec.generation

@@ -125,6 +125,9 @@ class InjectionConfig:
     resources: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_RESOURCES))
     signing_secret: SecretRef | None = None
     """Signs the deliveries of every injected pod unless the pod's annotation says otherwise."""
+    retention: tuple[tuple[str, str], ...] = ()
+    """The retention settings (variable, value) the operator prunes by, for the sidecars too:
+    whichever process holds the pruning lease prunes by its own (schedlock.store.retention)."""
 
     def __post_init__(self) -> None:
         LeaseTimings(self.lease_seconds)  # a lease the sidecar would refuse is refused here
@@ -230,6 +233,7 @@ def sidecar_container(
             {"name": "SCHEDLOCK_LEASE_SECONDS", "value": f"{config.lease_seconds:g}"},
             {"name": "SCHEDLOCK_MIGRATE", "value": "off"},
             {"name": "SCHEDLOCK_LOG_FORMAT", "value": "json"},
+            *({"name": name, "value": value} for name, value in config.retention),
         ],
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "startupProbe": probe("/healthz", periodSeconds=1, failureThreshold=60),

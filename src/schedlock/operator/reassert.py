@@ -7,18 +7,34 @@ loop compares what the objects declare (kopf's in-memory index of every Schedule
 API call) with one query of ``(uid, generation, state)`` for all of them, and writes only what
 differs:
 
-* a row missing, or older than the object's generation: the handlers' own idempotent upsert
-  (keyed by uid + generation, so a pass racing a handler changes nothing twice);
+* a row missing behind an object whose status records no outcome, or a row older than the
+  object's generation: the handlers' own idempotent upsert (keyed by uid + generation, so a
+  pass racing a handler changes nothing twice);
 * an object whose status records a terminal outcome (Published, Failed, Missed) whose row is
-  missing or back in ``scheduled``: the row is stored in that outcome (attempts, fire time,
-  term and holder from the status), so it never fires again and the status sync finds
+  back in ``scheduled`` or ``suspended``: the row is stored in that outcome (attempts, fire
+  time, term and holder from the status), so it never fires again and the status sync finds
   nothing to change.  The sync never reflects such a row into the status (it would erase
   the outcome this pass restores from); it wakes the next pass instead (:meth:`Reasserter.wake`).
+
+The rule with retention (``schedlock.store.retention`` deletes finished rows after a day):
+**the object's status is the record of its outcome.**  A missing row behind an object whose
+status records a terminal outcome for its current generation is done — pruned or lost, it
+makes no difference — and nothing is written: restoring it would undo every prune, and
+upserting it would fire it again.  Only a row that went *back* (``scheduled``/``suspended``)
+under such a status is restored.  The upsert handler keeps the same rule
+(:func:`upsert_rule`): a resume (operator restart) of an object whose status records an
+outcome for its current generation writes nothing, and a new generation of one whose due time
+did not change (a payload edit after firing) keeps the outcome (``restore_publish``) instead
+of inserting a row that would fire.  The one case no rule can tell apart: an outcome pruned
+*before* the status sync recorded it (the operator down for longer than the retention) leaves
+an object without an outcome and without a row, which is a lost row and is written again; so
+the retention must outlast any operator outage (docs/operations.md, "Retention, table size
+and vacuum").
 
 Invariants: the object is the source of truth, but only once the handlers are done with it
 (``status.observedGeneration`` equals ``metadata.generation``): a newer generation, an object
 the handlers never reached, an invalid spec or one being deleted is theirs.  A row that moved
-on (firing, finished, a newer generation) is never overwritten.  The decision is
+on (firing, finished at its generation, a newer generation) is never overwritten.  The decision is
 :func:`plan`, pure; :class:`Reasserter` only reads, writes what the plan says and re-checks
 that an object still exists around each write.
 """
@@ -30,7 +46,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from schedlock.core.aio import sleep_unless
 from schedlock.core.identities import Scheduler
@@ -154,11 +170,45 @@ def plan(objects: Iterable[Mapping[str, Any]], versions: Iterable[RowVersion]) -
         row = rows.get((Scheduler.PUBLISH, spec.uid))
         outcome = recorded_outcome(obj.get("status") or {})
         if outcome is not None:
-            if row is None or went_back(row.generation, row.state, spec.generation):
+            # The status records the outcome: a missing row is done (pruned or lost), only a
+            # row that went back would fire again.
+            if row is not None and went_back(row.generation, row.state, spec.generation):
                 result.restores.append((spec, outcome))
         elif row is None or row.generation < spec.generation:
             result.upserts.append(spec)
     return result
+
+
+UpsertRule = Literal["write", "skip", "keep"]
+
+
+def upsert_rule(
+    status: Mapping[str, Any], spec: PublishSpec, old_spec: Mapping[str, Any] | None
+) -> UpsertRule:
+    """What the upsert handler does with a one-shot object, given the outcome its status may
+    record (the module's rule):
+
+    * ``skip``: the status records an outcome for this generation — nothing to write, whether
+      the row is still there (a replay) or was pruned (a resume after retention);
+    * ``keep``: it records one for an older generation and the due time is the same as in the
+      last handled spec (``old_spec``, kopf's diff base): the new generation keeps the outcome
+      (``restore_publish``: a pruned row is stored in it, a finished one takes the new spec);
+    * ``write``: the usual upsert (no outcome; the due time changed, which re-arms; or the
+      last handled spec is unknown).
+    """
+    if recorded_outcome(status) is None:
+        return "write"
+    observed = status.get("observedGeneration")
+    if observed is not None and int(observed) == spec.generation:
+        return "skip"
+    published_at = (old_spec or {}).get("publishAt")
+    if not published_at:
+        return "write"
+    try:
+        same_time = mapping.parse_rfc3339(str(published_at)) == spec.due_at
+    except mapping.InvalidSpec:
+        return "write"
+    return "keep" if same_time else "write"
 
 
 @dataclass(frozen=True)

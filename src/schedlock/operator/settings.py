@@ -7,11 +7,12 @@ same fields as plain flags, so the webhook and the command parse and default the
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from schedlock.core.settings import (
+    RetentionSettings,
     ServiceSettings,
     SettingError,
     database_setting,
@@ -101,6 +102,10 @@ class InjectionSettings:
 
     @property
     def injection(self) -> InjectionConfig:
+        return self.injection_of()
+
+    def injection_of(self) -> InjectionConfig:
+        """These settings as the injection's configuration."""
         return InjectionConfig(
             image=self.sidecar_image,
             database_secret=self.sidecar_database_secret,
@@ -112,7 +117,7 @@ class InjectionSettings:
 
 
 @dataclass(frozen=True)
-class OperatorSettings(InjectionSettings, ServiceSettings):
+class OperatorSettings(InjectionSettings, RetentionSettings, ServiceSettings):
     database_url: str = database_setting(
         "PostgreSQL shared with the sidecars (postgresql://…; the operator needs LISTEN/NOTIFY)"
     )
@@ -187,6 +192,11 @@ class OperatorSettings(InjectionSettings, ServiceSettings):
                 spec_of(type(self), "webhook_key_file"),
                 "set both SCHEDLOCK_WEBHOOK_CERT_FILE and SCHEDLOCK_WEBHOOK_KEY_FILE, or neither",
             )
+
+    @property
+    def injection(self) -> InjectionConfig:
+        """The injected sidecars prune by the operator's own retention settings."""
+        return replace(self.injection_of(), retention=self.retention_env())
 
     @property
     def webhook_enabled(self) -> bool:

@@ -30,7 +30,7 @@ from schedlock.core.settings import add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.http import build_app
-from schedlock.sidecar.lock import FATAL, RETRIED, KeyElector
+from schedlock.sidecar.lock import FATAL, RETRIED, KeyElector, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.sidecar.target import TargetWatch, Thresholds, derive_check
@@ -43,6 +43,7 @@ from schedlock.store import (
     open_store,
     wait_for_schema,
 )
+from schedlock.store.retention import Pruner, RetentionPolicy, retention_by_state
 
 log = logging.getLogger("schedlock.sidecar")
 EXIT_FATAL = 1
@@ -205,8 +206,23 @@ class Sidecar:
             ) as electors:
                 for elector in self.electors:
                     electors.start(f"elector:{elector.key}", elector.run(self.stopping))
+                electors.start("pruner", self._pruner().run(self.stopping, self._leads))
         log.info("sidecar stopped", extra={"event": Event.SIDECAR_STOPPED})
         return 0
+
+    def _pruner(self) -> Pruner:
+        """Every sidecar that leads a key contends for the pruning lease, on a short session of
+        its own store (never a lock session): no operator is needed for history to be pruned."""
+        policy = RetentionPolicy.of(self.settings)
+        if policy.enabled:
+            self.metrics.init_history(retention_by_state(policy))
+        return Pruner(
+            self.store, self.settings.holder_name, policy, report=self.metrics.observe_pass
+        )
+
+    def _leads(self) -> bool:
+        # Followers and reserves stay out: contenders are bounded by the keys, not the replicas.
+        return any(e.role is Role.LEADING for e in self.electors)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

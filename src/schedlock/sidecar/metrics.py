@@ -6,9 +6,12 @@ lock key, ``outcome`` and ``role`` from fixed sets.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from schedlock import __version__
+from schedlock.store.retention import FINISHED_STATES, TABLES, PassReport
 
 KEY_LABELS = ("scheduler", "namespace", "target")
 OUTCOMES = ("published", "retry", "failed", "missed")
@@ -114,6 +117,35 @@ class SidecarMetrics:
             "competes for leadership), else 0 (it holds no lock and fires nothing).",
             registry=r,
         )
+        # History (schedlock.store.retention): the database's, measured at every attempt of
+        # this sidecar for the pruning lease, whoever holds it (the same on every contender).
+        self.pruned = Counter(
+            "schedlock_history_pruned_rows_total",
+            "Rows this sidecar pruned, by table (publishes, schedules, terms, reserves); a "
+            "cancelled schedule's slots go with it uncounted.",
+            ("table",),
+            registry=r,
+        )
+        self.oldest_finished_age = Gauge(
+            "schedlock_history_oldest_finished_age_seconds",
+            "Age (since its last change) of the oldest row of each finished state in the "
+            "database, at this sidecar's last look (every pruning attempt); 0 when none.",
+            ("state",),
+            registry=r,
+        )
+        self.retention = Gauge(
+            "schedlock_history_retention_seconds",
+            "The retention this sidecar prunes each finished state by (0: kept forever).",
+            ("state",),
+            registry=r,
+        )
+        self.table_bytes = Gauge(
+            "schedlock_history_table_bytes",
+            "Size on disk of each schedlock table, indexes and TOAST included (PostgreSQL), at "
+            "this sidecar's last look.",
+            ("table",),
+            registry=r,
+        )
         self.build = Info("schedlock_build", "Build information.", registry=r)
         self.build.info({"version": __version__})
 
@@ -133,3 +165,23 @@ class SidecarMetrics:
             self.transitions.labels(*labels, direction)
         for outcome in OUTCOMES:
             self.fires.labels(*labels, outcome)
+
+    def init_history(self, retention: Mapping[str, float]) -> None:
+        """Export the history series of a sidecar that prunes (``retention``: state -> s)."""
+        for table in TABLES:
+            self.pruned.labels(table)
+        for state in FINISHED_STATES:
+            self.retention.labels(state).set(retention[state])
+            self.oldest_finished_age.labels(state).set(0)
+
+    def observe_pass(self, report: PassReport) -> None:
+        """A pruning attempt's counts and its look at the history."""
+        for table, deleted in report.deleted.items():
+            self.pruned.labels(table).inc(deleted)
+        if report.stats is None:
+            return
+        for state, age in report.stats.oldest().items():
+            self.oldest_finished_age.labels(state).set(max(age or 0.0, 0.0))
+        for table, size in report.stats.sizes().items():
+            if size is not None:
+                self.table_bytes.labels(table).set(size)

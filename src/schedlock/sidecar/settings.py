@@ -7,6 +7,7 @@ from pathlib import Path
 
 from schedlock.core.identities import Scheduler
 from schedlock.core.settings import (
+    RetentionSettings,
     ServiceSettings,
     SettingError,
     check_url,
@@ -32,7 +33,7 @@ from schedlock.core.timings import (
 
 
 @dataclass(frozen=True)
-class SidecarSettings(ServiceSettings):
+class SidecarSettings(RetentionSettings, ServiceSettings):
     database_url: str = database_setting(
         "database shared by all replicas: postgresql://… (advisory locks) or sqlite:///path "
         "(one process, always leader)"

@@ -253,3 +253,47 @@ class RecordedOutcome:
     last_error: str | None = None
     term: int | None = None
     holder: str | None = None
+
+
+# -- retention (schedlock.store.retention) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MaintenanceLease:
+    """Who holds a maintenance task's lease, and until when (database clock)."""
+
+    holder: str | None
+    lease_until: datetime | None
+
+
+@dataclass(frozen=True)
+class HistoryStats:
+    """How much history the tables keep: the oldest row of each finished state (seconds;
+    None: no such row) and each table's size on disk (bytes; None: not known, SQLite)."""
+
+    published_age_seconds: float | None = None
+    cancelled_age_seconds: float | None = None
+    failed_age_seconds: float | None = None
+    missed_age_seconds: float | None = None
+    publishes_bytes: float | None = None
+    schedules_bytes: float | None = None
+    terms_bytes: float | None = None
+    reserves_bytes: float | None = None
+
+    def oldest(self) -> dict[str, float | None]:
+        """Finished state -> age of its oldest row."""
+        return {
+            RowState.PUBLISHED: self.published_age_seconds,
+            RowState.CANCELLED: self.cancelled_age_seconds,
+            RowState.FAILED: self.failed_age_seconds,
+            RowState.MISSED: self.missed_age_seconds,
+        }
+
+    def sizes(self) -> dict[str, float | None]:
+        """Table (without the ``schedlock_`` prefix) -> bytes on disk."""
+        return {
+            "publishes": self.publishes_bytes,
+            "schedules": self.schedules_bytes,
+            "terms": self.terms_bytes,
+            "reserves": self.reserves_bytes,
+        }

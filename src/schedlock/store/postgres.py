@@ -86,6 +86,16 @@ OPERATOR_GRANTS = (
     ("USAGE", ("SEQUENCE schedlock_publishes_id_seq", "SEQUENCE schedlock_schedules_id_seq")),
 )
 GRANTS = {"sidecar": SIDECAR_GRANTS, "operator": OPERATOR_GRANTS}
+# Pruning (schedlock.store.retention), granted with the rest but not required to start: a role
+# without them runs as before and only cannot prune (its log says so, with the fix).
+PRUNE_GRANTS = (
+    (
+        "DELETE",
+        ("TABLE schedlock_publishes", "TABLE schedlock_schedules", "TABLE schedlock_terms"),
+    ),
+    ("SELECT, DELETE", ("TABLE schedlock_reserves",)),
+    ("SELECT, UPDATE", ("TABLE schedlock_maintenance",)),
+)
 AFFINITY_PROBES = 1  # each probe is one more server connection for a moment
 _AFFINITY_LOCKS: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
@@ -626,6 +636,30 @@ class PostgresConnector:
             await pool.putconn(conn)
 
     @contextlib.asynccontextmanager
+    async def pass_sessions(self) -> AsyncIterator[Callable[[], Any]]:
+        """One session for a whole pruning pass (``schedlock.store.retention``): the pool's
+        when there is one, else a connection of its own named ``<application name>-prune``
+        (as ``pg_stat_activity`` shows it), closed when the pass ends."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self.pool_size > 0:
+                pinned = await stack.enter_async_context(self.session())
+            else:
+                conn = await stack.enter_async_context(
+                    self._connection(f"{self.application_name}-prune")
+                )
+                pinned = PostgresSession(conn)
+            # Every batch planned with its own values: a prepared statement's generic plan,
+            # the state a parameter, may walk the updated_at index across every other state.
+            threshold, pinned.conn.prepare_threshold = pinned.conn.prepare_threshold, None
+            stack.callback(setattr, pinned.conn, "prepare_threshold", threshold)
+
+            @contextlib.asynccontextmanager
+            async def use() -> AsyncIterator[PostgresSession]:
+                yield pinned
+
+            yield use
+
+    @contextlib.asynccontextmanager
     async def _connection(self, application_name: str | None = None) -> AsyncIterator[Conn]:
         conn = await connect(self.url, application_name=application_name or self.application_name)
         try:
@@ -663,7 +697,10 @@ class PostgresConnector:
 
         async def run(conn: Conn) -> list[str]:
             done: list[str] = []
-            for role, grants in ((sidecar_role, SIDECAR_GRANTS), (operator_role, OPERATOR_GRANTS)):
+            for role, grants in (
+                (sidecar_role, SIDECAR_GRANTS + PRUNE_GRANTS),
+                (operator_role, OPERATOR_GRANTS + PRUNE_GRANTS),
+            ):
                 if not role:
                     continue
                 cur = await conn.execute(Q["role_exists"], {"role": role})

@@ -236,6 +236,14 @@ class SqliteConnector:
     async def close(self) -> None:
         self.db.close()
 
+    @contextlib.asynccontextmanager
+    async def pass_sessions(
+        self,
+    ) -> AsyncIterator[Callable[[], contextlib.AbstractAsyncContextManager[SqliteSession]]]:
+        """A short session per statement of a pruning pass: the one connection is the firing
+        loops' too, and they run between the pass's batches."""
+        yield self.db.session
+
     async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
         return []  # SQLite has no roles: nobody to grant to
 

@@ -10,14 +10,14 @@ the models it returns, the fencing checks on the answers — is here, the same f
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from schedlock.core.logs import Event
 from schedlock.store import models
-from schedlock.store.contract import HeldLock, LockSession, Sessions
+from schedlock.store.contract import HeldLock, LockSession, Maintenance, Sessions
 from schedlock.store.errors import LeadershipLost, StoreError, schema_too_new
 from schedlock.store.keys import LockKey
 from schedlock.store.migrations import (
@@ -57,6 +57,10 @@ class Connector(Sessions, Protocol):
 
     def session(self) -> AbstractAsyncContextManager[Session]: ...
     def migration_session(self) -> AbstractAsyncContextManager[Session]: ...
+    def pass_sessions(self) -> AbstractAsyncContextManager[SessionOpener]: ...
+
+
+SessionOpener = Callable[[], AbstractAsyncContextManager[Session]]
 
 
 class LockVerbs:
@@ -297,8 +301,9 @@ class SqlStore:
     async def restore_publish(
         self, spec: models.PublishSpec, outcome: models.RecordedOutcome
     ) -> models.UpsertResult:
-        """Store ``spec``'s row in a terminal ``outcome`` its object already records (a row
-        that was lost, or reverted to scheduled); a row that moved on is left alone."""
+        """``spec``'s row keeps the terminal ``outcome`` its object already records: a missing
+        row (pruned, lost) is stored in it, one back in scheduled/suspended is put back in it, a
+        finished one of an older generation only takes the spec; firing or newer: left alone."""
         return await self._upsert("restore_publish", {**fields_of(spec), **fields_of(outcome)})
 
     async def cancel_publish(self, uid: str) -> bool:
@@ -346,6 +351,85 @@ class SqlStore:
         if len(found) == limit:  # more to read: continue from the last one seen
             return records, self.codec.timestamp(found[-1]["updated_at"])
         return records, now - SWEEP_OVERLAP
+
+    # -- retention ------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def maintenance(self) -> AsyncIterator[Maintenance]:
+        """A pruning pass's session (``schedlock.store.retention``): one short session of its
+        own on PostgreSQL (the pool's, if the store has one), never a lock session."""
+        async with self.connector.pass_sessions() as opener:
+            session = SqlMaintenance(opener, self.codec)
+            try:
+                yield session
+            finally:
+                if session.began:
+                    with suppress(StoreError):  # a broken session is closed anyway
+                        await session.end()
+
+
+class SqlMaintenance:
+    """:class:`schedlock.store.contract.Maintenance` over a connector's pass sessions."""
+
+    def __init__(self, opener: SessionOpener, codec: Codec) -> None:
+        self._open = opener
+        self.codec = codec
+        self.began = False  # session settings changed: put them back at the end
+
+    async def _fetch(self, name: str, params: Params) -> list[Row]:
+        async with self._open() as session:
+            return await session.fetch(name, params)
+
+    async def _execute(self, name: str, params: Params) -> int:
+        async with self._open() as session:
+            return await session.execute(name, params)
+
+    async def begin(self, statement_timeout: float, lock_timeout: float) -> None:
+        self.began = True
+        await self._fetch(
+            "maintenance_begin",
+            {
+                "statement_timeout_ms": str(int(statement_timeout * 1000)),
+                "lock_timeout_ms": str(int(lock_timeout * 1000)),
+            },
+        )
+
+    async def end(self) -> None:
+        await self._fetch("maintenance_end", {})
+
+    async def db_now(self) -> datetime:
+        return self.codec.timestamp((await self._fetch("db_now", {}))[0]["now"])
+
+    async def claim(
+        self, task: str, holder: str, lease_until: datetime
+    ) -> models.MaintenanceLease | None:
+        params = {"task": task, "holder": holder, "lease_until": lease_until}
+        found = await self._fetch("claim_maintenance", params)
+        return from_row(models.MaintenanceLease, found[0], self.codec) if found else None
+
+    async def lease(self, task: str) -> models.MaintenanceLease:
+        found = await self._fetch("maintenance_lease", {"task": task})
+        if not found:
+            raise StoreError(f"maintenance task {task!r} has no lease row: migrate the schema")
+        return from_row(models.MaintenanceLease, found[0], self.codec)
+
+    async def prune_publishes(self, state: str, cutoff: datetime, limit: int) -> int:
+        params = {"state": state, "cutoff": cutoff, "limit": limit}
+        return await self._execute("prune_publishes", params)
+
+    async def prune_schedules(self, cutoff: datetime, limit: int) -> int:
+        return await self._execute("prune_schedules", {"cutoff": cutoff, "limit": limit})
+
+    async def prune_terms(self, cutoff: datetime, limit: int) -> int:
+        return await self._execute("prune_terms", {"cutoff": cutoff, "limit": limit})
+
+    async def prune_reserves(self, cutoff: datetime) -> int:
+        return await self._execute("prune_reserves", {"cutoff": cutoff})
+
+    async def history_stats(self) -> models.HistoryStats:
+        return from_row(
+            models.HistoryStats, (await self._fetch("history_stats", {}))[0], self.codec
+        )
 
 
 def _logged(event: Event, message: str, migration: Migration) -> None:

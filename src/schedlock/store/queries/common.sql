@@ -107,9 +107,11 @@ WHERE p.generation < excluded.generation
 RETURNING id, state, created_at = now() AS inserted;
 
 -- name: restore_publish
--- A row lost (or reverted to scheduled) behind an object whose status records a terminal
--- outcome: store it in that outcome, so it never fires again.  A row that moved on (firing,
--- finished, or a newer generation) is left alone.
+-- A row behind an object whose status records a terminal outcome keeps that outcome, so it never
+-- fires again: missing (pruned, lost), it is stored in it; back in scheduled/suspended (a
+-- restore), it is put back in it; finished, a newer generation only moves its spec on (a payload
+-- edit after firing: the upsert handler).  Firing, newer, or finished at this generation: left
+-- alone.
 INSERT INTO schedlock_publishes AS p (scheduler, namespace, name, uid, generation, target, due_at,
                                       next_attempt_at, payload, max_attempts, backoff_seconds,
                                       starting_deadline_seconds, state, attempts, fired_at,
@@ -118,10 +120,23 @@ VALUES ('publish', :namespace, :name, :uid, :generation, :target, :due_at, :due_
         :max_attempts, :backoff_seconds, :starting_deadline_seconds, :state, :attempts, :fired_at,
         now(), :last_error, :term, :holder, now(), now())
 ON CONFLICT (uid) DO UPDATE
-SET generation = excluded.generation, state = excluded.state, attempts = excluded.attempts,
-    fired_at = excluded.fired_at, finished_at = now(), last_error = excluded.last_error,
-    term = excluded.term, holder = excluded.holder, updated_at = now()
-WHERE p.state IN ('scheduled', 'suspended') AND p.generation <= excluded.generation
+SET generation = excluded.generation, payload = excluded.payload,
+    max_attempts = excluded.max_attempts, backoff_seconds = excluded.backoff_seconds,
+    starting_deadline_seconds = excluded.starting_deadline_seconds,
+    state = CASE WHEN p.state IN ('scheduled', 'suspended') THEN excluded.state ELSE p.state END,
+    attempts = CASE WHEN p.state IN ('scheduled', 'suspended') THEN excluded.attempts
+                    ELSE p.attempts END,
+    fired_at = CASE WHEN p.state IN ('scheduled', 'suspended') THEN excluded.fired_at
+                    ELSE p.fired_at END,
+    finished_at = CASE WHEN p.state IN ('scheduled', 'suspended') THEN now() ELSE p.finished_at END,
+    last_error = CASE WHEN p.state IN ('scheduled', 'suspended') THEN excluded.last_error
+                      ELSE p.last_error END,
+    term = CASE WHEN p.state IN ('scheduled', 'suspended') THEN excluded.term ELSE p.term END,
+    holder = CASE WHEN p.state IN ('scheduled', 'suspended') THEN excluded.holder ELSE p.holder END,
+    updated_at = now()
+WHERE p.state <> 'firing'
+  AND (p.generation < excluded.generation
+       OR (p.generation = excluded.generation AND p.state IN ('scheduled', 'suspended')))
 RETURNING id, state, created_at = now() AS inserted;
 
 -- name: cancel_publish
@@ -199,3 +214,23 @@ SELECT t.scheduler, t.namespace, t.target, t.term, t.holder, t.since, t.heartbea
        t.last_fire_at AS last_fire
 FROM schedlock_terms t
 ORDER BY t.namespace, t.target, t.scheduler;
+
+-- ── retention (schedlock.store.retention) ────────────────────────────────────────────────────
+-- One elected process prunes finished history on a short session of its own, never a lock
+-- session, that never prepares statements: each batch is planned with its state, so the
+-- planner picks that state's partial index (0005).
+
+-- name: claim_maintenance
+-- Take or renew the lease of a maintenance task (database clock); no row: another holds it.
+UPDATE schedlock_maintenance SET holder = :holder, lease_until = :lease_until
+WHERE task = :task AND (lease_until IS NULL OR lease_until <= now() OR holder = :holder)
+RETURNING holder, lease_until;
+
+-- name: maintenance_lease
+SELECT holder, lease_until FROM schedlock_maintenance WHERE task = :task;
+
+-- name: prune_reserves
+-- Roster rows past their expiry: ignored by every reader already (a reserve's row lives until
+-- its promised next check plus a grace).  One row per reserve replica at most: no batching.
+DELETE FROM schedlock_reserves WHERE expires_at <= :cutoff;
+

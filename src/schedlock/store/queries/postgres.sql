@@ -283,3 +283,92 @@ DO $$ BEGIN
         ALTER TABLE schedlock_migrations ADD COLUMN IF NOT EXISTS additive boolean NOT NULL DEFAULT false;
     END IF;
 END $$;
+
+-- ── retention (schedlock.store.retention) ────────────────────────────────────────────────────
+-- Batches take their rows FOR UPDATE SKIP LOCKED: a prune never waits for a row another
+-- statement holds, and never touches a scheduled or firing row (claims and completions).
+
+-- name: maintenance_begin
+-- Bound every batch of this session in time; a lock it would wait for past lock_timeout ends
+-- the batch instead (a cascade is the only way a prune can meet one).
+SELECT set_config('statement_timeout', %(statement_timeout_ms)s, false) AS statement_timeout,
+       set_config('lock_timeout', %(lock_timeout_ms)s, false) AS lock_timeout;
+
+-- name: maintenance_end
+-- The session may be the operator's pooled one: give it back with the settings it had.
+SELECT set_config(name, reset_val, false) AS reset FROM pg_settings
+WHERE name IN ('statement_timeout', 'lock_timeout');
+
+-- name: prune_publishes
+-- Oldest first, one range of the state's own index (0005; planned with the state: the pass's
+-- session never prepares); the ids go to the primary key as one array (an IN would let the
+-- planner hash-join the whole table).
+DELETE FROM schedlock_publishes
+WHERE id = ANY (ARRAY(
+    SELECT id FROM schedlock_publishes
+    WHERE state = %(state)s AND updated_at < %(cutoff)s
+    ORDER BY updated_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED));
+
+-- name: prune_schedules
+-- Cancelled schedules (their object was deleted) with no live slot; their slots cascade.
+DELETE FROM schedlock_schedules
+WHERE id IN (SELECT s.id FROM schedlock_schedules s
+             WHERE s.state = 'cancelled' AND s.updated_at < %(cutoff)s
+               AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
+                               WHERE p.schedule_id = s.id
+                                 AND p.state IN ('scheduled', 'firing', 'suspended'))
+             LIMIT %(limit)s
+             FOR UPDATE OF s SKIP LOCKED);
+
+-- name: prune_terms
+-- Terms of keys gone for longer than the retention.  Deleting one restarts the key's term
+-- counter, so only a key nothing can still need: last heartbeat (a release writes one too)
+-- before the cutoff — a key that never led has none and is kept; no scheduled, firing or
+-- suspended row (an orphan of an old term must stay adoptable: adoption needs a higher
+-- term); no live schedule of its target (recurring); no live reserve; and no session holding
+-- or waiting for its lock.  A begin_term or heartbeat racing the delete changes the row's
+-- heartbeat_at and the delete re-checks it (or the term begins after the delete, finds no
+-- row and the elector reconnects, registering the key anew).
+DELETE FROM schedlock_terms
+WHERE (scheduler, namespace, target) IN (
+    SELECT k.scheduler, k.namespace, k.target FROM schedlock_terms k
+    WHERE k.heartbeat_at < %(cutoff)s
+      AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
+                      WHERE p.scheduler = k.scheduler AND p.namespace = k.namespace
+                        AND p.target = k.target AND p.state = 'scheduled')
+      AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
+                      WHERE p.scheduler = k.scheduler AND p.namespace = k.namespace
+                        AND p.target = k.target AND p.state = 'firing')
+      AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
+                      WHERE p.state = 'suspended' AND p.scheduler = k.scheduler
+                        AND p.namespace = k.namespace AND p.target = k.target)
+      AND NOT (k.scheduler = 'recurring' AND EXISTS (
+                   SELECT 1 FROM schedlock_schedules s
+                   WHERE s.namespace = k.namespace AND s.target = k.target
+                     AND s.state <> 'cancelled'))
+      AND NOT EXISTS (SELECT 1 FROM schedlock_reserves r
+                      WHERE r.scheduler = k.scheduler AND r.namespace = k.namespace
+                        AND r.target = k.target AND r.expires_at > now())
+      AND NOT EXISTS (SELECT 1 FROM pg_locks l
+                      WHERE l.locktype = 'advisory' AND l.classid = k.lock_classid::oid
+                        AND l.objid = k.lock_objid::oid AND l.objsubid = 2)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED);
+
+-- name: history_stats
+-- What the pruner exports: the age of the oldest row of each finished state (one index probe
+-- each) and the tables' sizes on disk, indexes and TOAST included.
+SELECT extract(epoch FROM now() - (SELECT min(updated_at) FROM schedlock_publishes
+                                   WHERE state = 'published'))::float8 AS published_age_seconds,
+       extract(epoch FROM now() - (SELECT min(updated_at) FROM schedlock_publishes
+                                   WHERE state = 'cancelled'))::float8 AS cancelled_age_seconds,
+       extract(epoch FROM now() - (SELECT min(updated_at) FROM schedlock_publishes
+                                   WHERE state = 'failed'))::float8 AS failed_age_seconds,
+       extract(epoch FROM now() - (SELECT min(updated_at) FROM schedlock_publishes
+                                   WHERE state = 'missed'))::float8 AS missed_age_seconds,
+       pg_total_relation_size('schedlock_publishes')::float8 AS publishes_bytes,
+       pg_total_relation_size('schedlock_schedules')::float8 AS schedules_bytes,
+       pg_total_relation_size('schedlock_terms')::float8 AS terms_bytes,
+       pg_total_relation_size('schedlock_reserves')::float8 AS reserves_bytes;

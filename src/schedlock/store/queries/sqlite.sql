@@ -132,3 +132,62 @@ SELECT scheduler, namespace, target,
        CASE WHEN released_at IS NULL AND term > 0 THEN holder END AS lock_holder, 0 AS waiters
 FROM schedlock_terms;
 
+
+-- ── retention (schedlock.store.retention) ────────────────────────────────────────────────────
+-- One process, one connection: each batch is its own short session, so the firing loops'
+-- statements run between batches.
+
+-- name: maintenance_begin
+SELECT 1 AS ok;
+
+-- name: maintenance_end
+SELECT 1 AS ok;
+
+-- name: prune_publishes
+DELETE FROM schedlock_publishes
+WHERE id IN (SELECT id FROM schedlock_publishes
+             WHERE state = :state AND updated_at < :cutoff
+             ORDER BY updated_at
+             LIMIT :limit);
+
+-- name: prune_schedules
+DELETE FROM schedlock_schedules
+WHERE id IN (SELECT s.id FROM schedlock_schedules s
+             WHERE s.state = 'cancelled' AND s.updated_at < :cutoff
+               AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
+                               WHERE p.schedule_id = s.id
+                                 AND p.state IN ('scheduled', 'firing', 'suspended'))
+             LIMIT :limit);
+
+-- name: prune_terms
+-- As on PostgreSQL, less the lock check: the one process that holds every lock is this one,
+-- and a key it serves heartbeats.
+DELETE FROM schedlock_terms
+WHERE rowid IN (
+    SELECT k.rowid FROM schedlock_terms k
+    WHERE k.heartbeat_at < :cutoff
+      AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
+                      WHERE p.scheduler = k.scheduler AND p.namespace = k.namespace
+                        AND p.target = k.target
+                        AND p.state IN ('scheduled', 'firing', 'suspended'))
+      AND NOT (k.scheduler = 'recurring' AND EXISTS (
+                   SELECT 1 FROM schedlock_schedules s
+                   WHERE s.namespace = k.namespace AND s.target = k.target
+                     AND s.state <> 'cancelled'))
+      AND NOT EXISTS (SELECT 1 FROM schedlock_reserves r
+                      WHERE r.scheduler = k.scheduler AND r.namespace = k.namespace
+                        AND r.target = k.target AND r.expires_at > now())
+    LIMIT :limit);
+
+-- name: history_stats
+-- Ages as on PostgreSQL; table sizes are PostgreSQL's only (NULL here).
+SELECT (julianday(now()) - julianday((SELECT min(updated_at) FROM schedlock_publishes
+                                          WHERE state = 'published'))) * 86400.0 AS published_age_seconds,
+       (julianday(now()) - julianday((SELECT min(updated_at) FROM schedlock_publishes
+                                          WHERE state = 'cancelled'))) * 86400.0 AS cancelled_age_seconds,
+       (julianday(now()) - julianday((SELECT min(updated_at) FROM schedlock_publishes
+                                          WHERE state = 'failed'))) * 86400.0 AS failed_age_seconds,
+       (julianday(now()) - julianday((SELECT min(updated_at) FROM schedlock_publishes
+                                          WHERE state = 'missed'))) * 86400.0 AS missed_age_seconds,
+       NULL AS publishes_bytes, NULL AS schedules_bytes, NULL AS terms_bytes,
+       NULL AS reserves_bytes;
