@@ -52,6 +52,8 @@ from schedlock.store.models import (
     ScheduleRecord,
     ScheduleSpec,
     SchemaStatus,
+    SweepPosition,
+    SyncCursor,
     TermStart,
     UpsertResult,
 )
@@ -93,6 +95,8 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "SweepPosition",
+    "SyncCursor",
     "TermStart",
     "UnlockFailed",
     "UnsafeConnection",

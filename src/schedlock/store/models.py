@@ -245,3 +245,21 @@ class RecordedOutcome:
     last_error: str | None = None
     term: int | None = None
     holder: str | None = None
+
+
+@dataclass(frozen=True)
+class SyncCursor:
+    """Where the operator's status sync resumes: its stored watermark (None: no cursor yet)
+    and the database clock, read together."""
+
+    watermark_at: datetime | None
+    now: datetime
+
+
+@dataclass(frozen=True)
+class SweepPosition:
+    """Where the operator's sweep goes on: rows changed at ``at`` with an id above
+    ``after_id``, then every row changed after ``at`` (database clock)."""
+
+    at: datetime
+    after_id: int = 0
