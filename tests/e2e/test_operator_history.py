@@ -11,6 +11,7 @@ Real kube-apiserver + etcd, the operator under its ServiceAccount, PostgreSQL, t
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bench.scenarios.operator import apiserver_requests
@@ -44,6 +45,13 @@ def insert_history(stack: Stack, count: int) -> None:
     )
 
 
+def phase(stack: Stack, name: str) -> str | None:
+    """The object's phase from a LIST (``stack.status`` is a GET: it would count)."""
+    out = stack.kube.kubectl("get", "sp", "-n", NAMESPACE, "-o", "json")
+    found = [o for o in json.loads(out.stdout)["items"] if o["metadata"]["name"] == name]
+    return found[0].get("status", {}).get("phase") if found else None
+
+
 def resumed(stack: Stack) -> list[dict[str, Any]]:
     return list(records(stack.operator.log_text(), Event.STATUS_SYNC_RESUMED))
 
@@ -70,10 +78,12 @@ def test_a_restart_over_history_of_deleted_objects_costs_no_get(stack: Stack) ->
     )
     # A new outcome is still synced (on its NOTIFY): status and Event.
     stack.apply("after", publishAt=at(2))
-    wait_for(lambda: stack.status("after").get("phase") == "Published", timeout=30, what="after")
+    wait_for(lambda: phase(stack, "after") == "Published", timeout=30, what="after")
     wait_for(lambda: "Published" in stack.events("after"), timeout=15, what="the Event")
     spent = stack.spent(before)
-    assert "GET scheduledpublishes" not in spent, spent
+    # kubectl apply reads the object before creating it: that one GET is the test's own; the
+    # operator makes none (5,000 before the cursor and the listed index)
+    assert spent.pop("GET scheduledpublishes", 0) == 1, spent
     # what is left: the test's create, the new object's own few requests, kopf's resumes
     assert spent.pop("POST scheduledpublishes") == 1
     assert sum(spent.values()) <= 8, spent
