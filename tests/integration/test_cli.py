@@ -239,6 +239,7 @@ OPERATOR_BAD_VALUES: dict[str, tuple[str, str]] = {
     "SCHEDLOCK_SIDECAR_RESOURCES": ("{cpu: 1}", "JSON object"),
     "SCHEDLOCK_SIDECAR_SIGNING_SECRET": ("billing-hmac/a key", "'a key' is not a Secret key"),
     "SCHEDLOCK_SYNC_SWEEP_SECONDS": ("0", "from 1 to 3600"),
+    "SCHEDLOCK_SYNC_CATCH_UP_SECONDS": ("-1", "from 0 to 604800"),
     "SCHEDLOCK_REASSERT_SECONDS": ("0.5", "from 1 to 3600"),
     "SCHEDLOCK_HOLDER": ("x" * 64, "1 to 63"),
     "SCHEDLOCK_MIGRATE": ("maybe", "one of auto, off"),

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from schedlock.operator.sync import SYNC_CONCURRENCY, StatusSync
-from schedlock.store import PublishRecord, Store
+from schedlock.operator.sync import (
+    SYNC_CONCURRENCY,
+    UNLISTED_GETS,
+    Lookup,
+    Pass,
+    StatusSync,
+    lookup,
+    start_from,
+)
+from schedlock.store import PublishRecord, ScheduleRecord, Store, SweepPosition, SyncCursor
 
 
 class SlowApi:
@@ -57,7 +65,7 @@ def published(n: int) -> PublishRecord:
 def test_a_burst_of_outcomes_is_synced_a_few_objects_at_a_time_each_in_order() -> None:
     api = SlowApi()
     store = cast(Store, None)  # one-shot rows need no database read
-    sync = StatusSync(store, api, sweep_seconds=30, holder="t")
+    sync = StatusSync(store, api, sweep_seconds=30, holder="t", catch_up_seconds=3600)
     asyncio.run(sync.sync_records([published(n) for n in range(40)]))
     assert 1 < api.most_in_flight <= SYNC_CONCURRENCY
     for n in range(40):
@@ -72,7 +80,9 @@ def test_with_the_index_an_outcome_costs_a_patch_and_an_event_and_a_replay_nothi
         for n in range(3)
     }
     store = cast(Store, None)
-    sync = StatusSync(store, api, sweep_seconds=30, holder="t", known=index.get)
+    sync = StatusSync(
+        store, api, sweep_seconds=30, holder="t", catch_up_seconds=3600, known=index.get
+    )
     asyncio.run(sync.sync_records([published(n) for n in range(3)]))
     assert sorted(api.calls) == sorted(
         (what, f"o{n}") for n in range(3) for what in ("patch", "event")
@@ -114,8 +124,8 @@ def test_a_row_back_in_scheduled_under_a_published_status_wakes_the_reassertion(
     index = {"uid-o0": {"metadata": meta, "status": status}}
     woken: list[bool] = []
     sync = StatusSync(
-        cast(Store, None), api, sweep_seconds=30, holder="t", known=index.get,
-        lost=lambda: woken.append(True),
+        cast(Store, None), api, sweep_seconds=30, holder="t", catch_up_seconds=3600,
+        known=index.get, lost=lambda: woken.append(True),
     )  # fmt: skip
     reverted = dataclasses.replace(published(0), state="scheduled", attempts=0, term=None)
     asyncio.run(sync.sync_records([reverted]))
@@ -124,3 +134,158 @@ def test_a_row_back_in_scheduled_under_a_published_status_wakes_the_reassertion(
     index["uid-o0"] = {"metadata": {**meta, "generation": 2}, "status": status}
     asyncio.run(sync.sync_records([dataclasses.replace(reverted, generation=2)]))
     assert api.phases == ["Scheduled"] and woken == [True]
+
+
+def sync_of(
+    api: Any, index: dict[str, dict[str, Any]], *, listed: bool, store: Any = None
+) -> StatusSync:
+    sync = StatusSync(
+        cast(Store, store), api, sweep_seconds=30, holder="t", catch_up_seconds=3600,
+        known=index.get, covers=lambda namespace: namespace == "ns",
+    )  # fmt: skip
+    if listed:
+        sync.listed.set()
+    return sync
+
+
+def live(n: int) -> dict[str, dict[str, Any]]:
+    return {f"uid-o{n}": {"metadata": {"name": f"o{n}", "namespace": "ns", "uid": f"uid-o{n}"}}}
+
+
+def test_where_an_objects_status_comes_from() -> None:
+    # in the index: the snapshot, listed or not
+    assert lookup(indexed=True, listed=False, covered=False, seen_gone=False, gets_left=0) == (
+        Lookup.INDEX
+    )
+    # not in a listed index that covers its namespace: gone, no request
+    assert lookup(indexed=False, listed=True, covered=True, seen_gone=False, gets_left=9) == (
+        Lookup.GONE
+    )
+    # before the listing, or a namespace the index does not watch: a GET, while the pass has any
+    for listed, covered in ((False, True), (True, False), (False, False)):
+        kw = {"indexed": False, "listed": listed, "covered": covered, "seen_gone": False}
+        assert lookup(**kw, gets_left=1) == Lookup.GET
+        assert lookup(**kw, gets_left=0) == Lookup.DEFERRED
+        assert lookup(**{**kw, "seen_gone": True}, gets_left=1) == Lookup.GONE
+
+
+def test_rows_of_objects_absent_from_the_listed_index_cost_no_request() -> None:
+    api = SlowApi()
+    sync = sync_of(api, live(0), listed=True)
+    history = [published(n) for n in range(1, 2001)]  # 2,000 deleted objects' outcomes
+    asyncio.run(sync.sync_records([*history, published(0)]))
+    assert api.calls == [("patch", "o0"), ("event", "o0")], "no GET: only the live object"
+
+
+def test_before_the_listing_an_object_the_index_lacks_is_read_with_a_get() -> None:
+    api = SlowApi()
+    sync = sync_of(api, {}, listed=False)
+    asyncio.run(sync.sync_records([published(0)]))
+    assert api.calls == [("get", "o0"), ("patch", "o0"), ("event", "o0")]
+
+
+class Gone(SlowApi):
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        await self._call("get", name)
+        return None  # 404
+
+
+def test_before_the_listing_gets_are_bounded_per_pass_and_a_gone_object_is_asked_once() -> None:
+    api = Gone()
+    sync = sync_of(api, {}, listed=False)
+    pass_ = Pass()
+    asyncio.run(sync.sync_records([published(n) for n in range(UNLISTED_GETS + 50)], pass_))
+    assert len(api.calls) == UNLISTED_GETS and pass_.deferred == 50
+    # the next page of the same pass: objects seen gone are not asked for again
+    api.calls.clear()
+    asyncio.run(sync.sync_records([published(n) for n in range(UNLISTED_GETS)], pass_))
+    assert api.calls == []
+    # a namespace the index does not watch is read with a GET even once listed
+    sync.listed.set()
+    other = dataclasses.replace(published(7777), namespace="elsewhere")
+    asyncio.run(sync.sync_records([other, published(8888)]))
+    assert api.calls == [("get", "o7777")]
+
+
+def slot(schedule_uid: str, n: int) -> PublishRecord:
+    return dataclasses.replace(
+        published(n), scheduler="recurring", name="o0",
+        uid=f"{schedule_uid}@2026-12-01T10:00:{n:02d}Z",
+    )  # fmt: skip
+
+
+class Schedules:
+    """The store reads a recurring row's sync makes, counted."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[str, str]] = []
+
+    async def get_schedule(self, uid: str) -> ScheduleRecord | None:
+        self.reads.append(("get_schedule", uid))
+        return ScheduleRecord(
+            id=1, uid=uid, namespace="ns", name="o0", generation=1, target="demo",
+            expression="* * * * *", time_zone="UTC", state="active", watermark_at=None,
+            last_slot_at=FIRED, next_slot_at=None,
+        )  # fmt: skip
+
+    async def latest_slot(self, schedule_uid: str) -> PublishRecord | None:
+        self.reads.append(("latest_slot", schedule_uid))
+        return slot(schedule_uid, 59)
+
+
+def test_recurring_rows_cost_one_latest_slot_per_schedule_per_batch_and_none_when_gone() -> None:
+    api, store = Patches(), Schedules()  # Patches: a GET fails the test
+    sync = sync_of(api, live(0), listed=True, store=store)
+    live_slots = [slot("uid-o0", n) for n in range(30)]
+    deleted_slots = [slot(f"uid-gone{g}", n) for g in range(20) for n in range(30)]
+    asyncio.run(sync.sync_records([*live_slots, *deleted_slots]))
+    assert store.reads == [("get_schedule", "uid-o0"), ("latest_slot", "uid-o0")]
+    assert len(api.phases) == 1  # the schedule's status, once
+
+
+def test_a_run_starts_from_its_cursor_or_a_bounded_catch_up() -> None:
+    stored = FIRED - timedelta(days=40)
+    assert start_from(SyncCursor(watermark_at=stored, now=FIRED), 3600) == SweepPosition(stored)
+    assert start_from(SyncCursor(watermark_at=None, now=FIRED), 3600) == SweepPosition(
+        FIRED - timedelta(hours=1)
+    )
+
+
+class Pages:
+    """A store whose sweep reads ``pages`` full pages then an empty one; records the cursor."""
+
+    def __init__(self, pages: int, cursor: datetime | None) -> None:
+        self.pages, self.cursor = pages, cursor
+        self.read_from: list[SweepPosition] = []
+        self.stored: list[datetime] = []
+
+    async def sync_cursor(self, name: str) -> SyncCursor:
+        assert name == "status-sync"
+        return SyncCursor(watermark_at=self.cursor, now=FIRED)
+
+    async def changed_since(
+        self, since: SweepPosition
+    ) -> tuple[list[PublishRecord], SweepPosition]:
+        self.read_from.append(since)
+        page = len(self.read_from)
+        if page > self.pages:
+            return [], SweepPosition(FIRED - timedelta(seconds=5))
+        rows = [published(10_000 + page * 500 + n) for n in range(500)]
+        return rows, SweepPosition(FIRED - timedelta(minutes=10 - page), rows[-1].id)
+
+    async def store_sync_cursor(self, name: str, watermark_at: datetime, holder: str) -> None:
+        self.stored.append(watermark_at)
+
+
+def test_a_sweep_pages_from_the_cursor_and_stores_it_once_complete() -> None:
+    api, store = SlowApi(), Pages(2, cursor=None)
+    sync = sync_of(api, {}, listed=True, store=store)
+    asyncio.run(sync.sweep())
+    assert [p.at for p in store.read_from] == [
+        FIRED - timedelta(hours=1), FIRED - timedelta(minutes=9), FIRED - timedelta(minutes=8),
+    ]  # fmt: skip
+    assert store.read_from[1].after_id == 10_999  # a page goes on after the last row read
+    assert store.stored == [FIRED - timedelta(seconds=5)]
+    assert api.calls == []  # 1,000 rows of deleted objects: no request
+    asyncio.run(sync.sweep())  # the next sweep goes on where this one ended, no cursor read
+    assert store.read_from[-1] == SweepPosition(FIRED - timedelta(seconds=5))

@@ -10,15 +10,18 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from schedlock.core.aio import now
-from schedlock.operator.sync import StatusSync
-from schedlock.store import PublishRecord, StoreUnavailable
+from schedlock.operator.sync import LISTING_WAIT_SECONDS, StatusSync
+from schedlock.store import PublishRecord, StoreUnavailable, SweepPosition, SyncCursor
 from testbed.virtual_time import run
 
 SWEEP = 30.0
+DB_NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # the database clock the fake store answers
 
 
 @dataclass
@@ -46,6 +49,9 @@ class Store:
     sweeps: list[float] = field(default_factory=list)
     reads: list[tuple[float, list[int]]] = field(default_factory=list)
     fail_next_ping: bool = False
+    cursor: datetime | None = None
+    swept_from: list[datetime] = field(default_factory=list)
+    cursor_reads: list[SyncCursor] = field(default_factory=list)
 
     async def hold_lock(self, objid: int, holder: str) -> Held:
         await self.granted.wait()
@@ -61,11 +67,19 @@ class Store:
             ready.set()
         await asyncio.get_running_loop().create_future()  # listens until cancelled
 
+    async def sync_cursor(self, name: str) -> SyncCursor:
+        self.cursor_reads.append(SyncCursor(watermark_at=self.cursor, now=DB_NOW))
+        return self.cursor_reads[-1]
+
+    async def store_sync_cursor(self, name: str, watermark_at: datetime, holder: str) -> None:
+        self.cursor = watermark_at
+
     async def changed_since(
-        self, watermark: datetime | None
-    ) -> tuple[list[PublishRecord], datetime]:
+        self, since: SweepPosition
+    ) -> tuple[list[PublishRecord], SweepPosition]:
         self.sweeps.append(now())
-        return [], datetime.now(UTC)
+        self.swept_from.append(since.at)
+        return [], SweepPosition(DB_NOW + timedelta(seconds=len(self.sweeps)))
 
     async def publishes_by_id(self, ids: list[int]) -> list[PublishRecord]:
         self.reads.append((now(), ids))
@@ -85,8 +99,14 @@ class NoApi:
         raise AssertionError("nothing to post")
 
 
-def start(store: Store, stopping: asyncio.Event) -> tuple[StatusSync, asyncio.Task[None]]:
-    sync = StatusSync(store, NoApi(), sweep_seconds=SWEEP, holder="op")  # type: ignore[arg-type]
+def start(
+    store: Store, stopping: asyncio.Event, *, listed: bool = True
+) -> tuple[StatusSync, asyncio.Task[None]]:
+    sync = StatusSync(
+        store, NoApi(), sweep_seconds=SWEEP, holder="op", catch_up_seconds=3600,  # type: ignore[arg-type]
+    )  # fmt: skip
+    if listed:
+        sync.listed.set()  # kopf has listed the objects
     return sync, asyncio.create_task(sync.run(stopping))
 
 
@@ -146,5 +166,68 @@ def test_a_stop_while_waiting_for_the_sync_lock_returns_at_once() -> None:
         stopping.set()
         await asyncio.wait_for(task, 5)
         assert now() == stopped_at
+
+    run(body())
+
+
+def test_without_a_cursor_the_sync_starts_a_bounded_catch_up_back_and_stores_one() -> None:
+    async def body() -> None:
+        store, stopping = Store(), asyncio.Event()
+        store.granted.set()
+        _, task = start(store, stopping)
+        await until(lambda: len(store.sweeps) == 2)
+        assert store.swept_from[0] == DB_NOW - timedelta(hours=1), "not the epoch"
+        # stored after each completed sweep, and each next sweep goes on from it
+        assert store.swept_from[1] == DB_NOW + timedelta(seconds=1)
+        await until(lambda: store.cursor == DB_NOW + timedelta(seconds=2))
+        assert len(store.cursor_reads) == 1  # read once per activation
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+
+    run(body())
+
+
+def test_a_new_activation_resumes_from_the_stored_cursor() -> None:
+    async def body() -> None:
+        stored = DB_NOW - timedelta(days=30)  # however old: the rows since then are the work
+        store, stopping = Store(fail_next_ping=True, cursor=stored), asyncio.Event()
+        store.granted.set()
+        _, task = start(store, stopping)
+        await until(lambda: len(store.held) == 2 and len(store.sweeps) == 2)
+        assert store.swept_from[0] == stored
+        # the first session ended after its sweep; the next one reads the cursor it stored
+        assert [c.watermark_at for c in store.cursor_reads] == [
+            stored,
+            DB_NOW + timedelta(seconds=1),
+        ]
+        assert store.swept_from[1] == DB_NOW + timedelta(seconds=1)
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+
+    run(body())
+
+
+def test_the_first_sweep_waits_for_the_listing_a_bounded_time() -> None:
+    async def body() -> None:
+        store, stopping = Store(), asyncio.Event()
+        store.granted.set()
+        sync, task = start(store, stopping, listed=False)
+        started = now()
+        await asyncio.sleep(3)
+        assert store.sweeps == [], "not before kopf has listed the objects"
+        sync.listed.set()
+        await until(lambda: bool(store.sweeps))
+        assert store.sweeps == [pytest.approx(started + 3)]
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+        # no listing at all (no object in the cluster): the sweep goes on after the wait
+        store, stopping = Store(), asyncio.Event()
+        store.granted.set()
+        _, task = start(store, stopping, listed=False)
+        started = now()
+        await until(lambda: bool(store.sweeps))
+        assert store.sweeps == [pytest.approx(started + LISTING_WAIT_SECONDS)]
+        stopping.set()
+        await asyncio.wait_for(task, 5)
 
     run(body())

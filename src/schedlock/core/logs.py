@@ -68,6 +68,8 @@ class Event(StrEnum):
     STATUS_SYNC_ACTIVE = "status_sync_active"
     STATUS_SYNC_INTERRUPTED = "status_sync_interrupted"
     STATUS_SYNC_FAILED = "status_sync_failed"
+    STATUS_SYNC_RESUMED = "status_sync_resumed"
+    STATUS_SYNC_LOOKUPS_BOUNDED = "status_sync_lookups_bounded"
     KUBE_EVENT_FAILED = "kube_event_failed"
     ROWS_REASSERTED = "rows_reasserted"
     REASSERT_READ_ONLY = "reassert_read_only"

@@ -14,12 +14,14 @@ import logging
 import signal
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import kopf
 from kopf._core.engines import peering
 
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, health_app, serve
+from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
@@ -69,6 +71,24 @@ def signals_stop(stopping: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def signal_listed(registry: kopf.OperatorRegistry, listed: asyncio.Event) -> None:
+    """Set ``listed`` at kopf's first resource callback: kopf fills its indices from the
+    initial listing before it calls any resource handler or filter (its documented guarantee),
+    so from then on an object its index lacks is gone (the status sync skips its rows)."""
+
+    def first_event(**_: Any) -> bool:
+        listed.set()
+        return False  # a filter only: no handler runs, kopf logs nothing, no API call
+
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="listed", when=first_event)(
+        _never_called
+    )
+
+
+def _never_called(**_: Any) -> None:
+    """The ``listed`` signal's handler: its filter always says no."""
 
 
 async def run(settings: OperatorSettings) -> int:
@@ -135,14 +155,18 @@ async def run_kopf(
         wanted=objects.wanted,
         report=readiness.report_writes,
     )
+    watched = frozenset(settings.watch_namespaces)
     sync = StatusSync(
         store,
         None,
         sweep_seconds=settings.sweep_seconds,
         holder=settings.holder_name,
+        catch_up_seconds=settings.sync_catch_up_seconds,
         known=objects.get,  # the status in the API, from the watch: no GET per outcome
+        covers=lambda namespace: not watched or namespace in watched,
         lost=reasserter.wake,  # a row that lost its outcome: restore it now
     )
+    signal_listed(registry, sync.listed)
     sync_task = asyncio.create_task(sync.run(stopping), name="status-sync")
     reassert_task = asyncio.create_task(reasserter.run(stopping), name="reassert")
     # The operator contends for the pruning lease like the sidecars, on one of its pool's

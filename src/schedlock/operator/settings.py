@@ -170,6 +170,15 @@ class OperatorSettings(InjectionSettings, RetentionSettings, ServiceSettings):
         "seconds",
         help="how often the status sync re-reads changed rows (repairs lost notifications)",
     )
+    sync_catch_up_seconds: float = setting(
+        "SCHEDLOCK_SYNC_CATCH_UP_SECONDS",
+        3600.0,
+        number(0, 7 * 86400),
+        "seconds",
+        help="how far back the status sync starts when the database has no sync cursor yet "
+        "(a new database, or an upgrade from a release without one); once it has one, the "
+        "sync resumes from it whatever its age",
+    )
     reassert_seconds: float = setting(
         "SCHEDLOCK_REASSERT_SECONDS",
         30.0,

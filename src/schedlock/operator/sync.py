@@ -10,8 +10,19 @@ the API, so replays and sweeps do not post twice.
 The status already in the API is read from kopf's in-memory index of the objects (``known``:
 what the watch delivered, no request), so an outcome costs one status PATCH and one Event.
 Until the watch shows the sync's own last write, that write stands for the object's status
-(the index's snapshot is the same object as when it was written); an object the index does
-not have (before the initial listing, or already gone) is read with a GET.
+(the index's snapshot is the same object as when it was written).  An object the index does
+not have is gone once kopf has listed the objects (``listed``: kopf fills its indices from
+the initial listing before it calls any resource handler, so the first call sets it) and the
+index covers the row's namespace: its rows cost nothing, however many.  Before that, such an
+object is read with a GET, at most ``UNLISTED_GETS`` per pass (a sweep, or one batch of
+notified outcomes), and an object found gone is not asked for again in the pass
+(:func:`lookup` decides).  The first sweep of the process waits a while for the listing.
+
+Cost independent of history: the sweep starts from a durable cursor (``schedlock_sync_cursors``,
+migration 0006), stored on the database clock after each completed sweep, or, with none (a new
+database, an upgrade from a release without it), from now minus ``catch_up_seconds`` — never
+from the epoch.  Recurring rows cost one schedule read and one ``latest_slot`` probe per
+schedule per batch (rows are collapsed per object first).
 
 A row back in ``scheduled`` under a status that records its outcome (Published, Failed,
 Missed) for the same generation is not news but a row that went back in time: the status
@@ -29,7 +40,8 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any, Protocol
 
 from schedlock.core.aio import Backoff, sleep_unless, unless_set
@@ -37,7 +49,16 @@ from schedlock.core.identities import Scheduler, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
 from schedlock.operator.kube import Kube, KubeError
-from schedlock.store import Channel, HeldLock, PublishRecord, Store, StoreError
+from schedlock.store import (
+    Channel,
+    HeldLock,
+    PublishRecord,
+    Store,
+    StoreError,
+    SweepPosition,
+    SyncCursor,
+)
+from schedlock.store.verbs import SWEEP_PAGE
 
 log = logging.getLogger("schedlock.operator.sync")
 SYNC_LOCK_OBJID = 1
@@ -45,6 +66,13 @@ RETRY_FIRST = 1.0  # seconds: after an interrupted sync, doubling to RETRY_CAP (
 RETRY_CAP = 10.0
 LISTEN_READY_SECONDS = 5.0  # how long the first sweep waits for LISTEN to be in place
 SYNC_CONCURRENCY = 6  # objects synced at once (the official client runs each call in a thread)
+SYNC_CURSOR = "status-sync"  # the cursor's name in schedlock_sync_cursors
+# How long the process's first sweep waits for kopf's initial listing (seconds): a listing takes
+# seconds; with no object at all no handler ever signals it, and the sweep goes on without.
+LISTING_WAIT_SECONDS = 30.0
+# GETs a pass may make for objects the index lacks before the listing (or outside the
+# namespaces it covers): bounded, whatever the history it reads; the rest of such rows wait.
+UNLISTED_GETS = 100
 
 
 class KubeApi(Protocol):
@@ -60,6 +88,44 @@ def object_uid(record: PublishRecord) -> str:
     return schedule_uid_of(record.uid) if record.scheduler == Scheduler.RECURRING else record.uid
 
 
+class Lookup(StrEnum):
+    """How the sync reads the status of the object behind a row."""
+
+    INDEX = "index"  # kopf's snapshot: no request
+    GET = "get"  # one GET
+    GONE = "gone"  # the object no longer exists: nothing to sync
+    DEFERRED = "deferred"  # the pass spent its GETs: skipped (see UNLISTED_GETS)
+
+
+def lookup(
+    *, indexed: bool, listed: bool, covered: bool, seen_gone: bool, gets_left: int
+) -> Lookup:
+    """Where an object's status comes from.  ``listed``: kopf has listed the objects;
+    ``covered``: its index watches the row's namespace; ``seen_gone``: a GET of this pass
+    found the object gone."""
+    if indexed:
+        return Lookup.INDEX
+    if seen_gone or (listed and covered):
+        return Lookup.GONE
+    return Lookup.GET if gets_left > 0 else Lookup.DEFERRED
+
+
+def start_from(cursor: SyncCursor, catch_up_seconds: float) -> SweepPosition:
+    """Where a sync run starts: its stored cursor, or (none) a bounded catch-up before now."""
+    if cursor.watermark_at is not None:
+        return SweepPosition(cursor.watermark_at)
+    return SweepPosition(cursor.now - timedelta(seconds=catch_up_seconds))
+
+
+@dataclass
+class Pass:
+    """What one pass (a sweep, or one batch of notified outcomes) learns as it goes."""
+
+    gets_left: int = UNLISTED_GETS
+    gone: set[str] = field(default_factory=set)
+    deferred: int = 0
+
+
 async def _close(held: HeldLock) -> None:
     await held.close()
 
@@ -73,13 +139,19 @@ class StatusSync:
     _: KW_ONLY
     sweep_seconds: float
     holder: str
+    catch_up_seconds: float
     known: Callable[[str], dict[str, Any] | None] = field(default=lambda _uid: None)
+    # set once kopf has listed the objects (its index then holds every object there is)
+    listed: asyncio.Event = field(default_factory=asyncio.Event)
+    # the namespaces kopf's index watches (an operator may serve only some)
+    covers: Callable[[str], bool] = field(default=lambda _namespace: True)
     # called when a row lost the outcome its object's status records (the re-assertion's job)
     lost: Callable[[], None] = field(default=lambda: None)
     active: bool = field(default=False, init=False)
     _pending: set[int] = field(default_factory=set, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
-    _watermark: datetime | None = field(default=None, init=False)
+    _position: SweepPosition | None = field(default=None, init=False)
+    _listing_awaited: bool = field(default=False, init=False)
     # uid -> (the index's snapshot when the sync patched, the status it wrote)
     _written: dict[str, tuple[object, dict[str, Any]]] = field(default_factory=dict, init=False)
 
@@ -133,6 +205,10 @@ class StatusSync:
         )
         try:
             await sleep_unless(LISTEN_READY_SECONDS, ready)
+            if not self._listing_awaited:
+                await sleep_unless(LISTING_WAIT_SECONDS, self.listed, stopping)
+                self._listing_awaited = True
+            self._position = None  # the cursor: another replica may have synced meanwhile
             next_sweep = 0.0
             loop = asyncio.get_running_loop()
             while not stopping.is_set():
@@ -152,20 +228,50 @@ class StatusSync:
             await asyncio.gather(listener, return_exceptions=True)
 
     async def sweep(self) -> None:
-        """Re-sync every row changed since the last sweep (all rows on the first one)."""
+        """Re-sync every row changed since the last sweep (or the cursor), then store where
+        the next one starts."""
         self._written = {
             uid: written
             for uid, written in self._written.items()
             if self.known(uid) is written[0]  # the watch has not shown the write yet
         }
+        if self._position is None:
+            cursor = await self.store.sync_cursor(SYNC_CURSOR)
+            self._position = start_from(cursor, self.catch_up_seconds)
+            log.info(
+                "status sync resumed",
+                extra={
+                    "event": Event.STATUS_SYNC_RESUMED,
+                    "since": self._position.at.isoformat(),
+                    "cursor": cursor.watermark_at is not None,
+                },
+            )
+        pass_ = Pass()
         while True:
-            records, watermark = await self.store.changed_since(self._watermark)
-            await self.sync_records(records)
-            self._watermark = watermark
-            if len(records) < 500:
-                return
+            records, position = await self.store.changed_since(self._position)
+            await self.sync_records(records, pass_)
+            self._position = position
+            if len(records) < SWEEP_PAGE:
+                break
+        await self.store.store_sync_cursor(SYNC_CURSOR, self._position.at, self.holder)
+        self._report(pass_)
 
-    async def sync_records(self, records: list[PublishRecord]) -> None:
+    def _report(self, pass_: Pass) -> None:
+        if pass_.deferred:
+            log.warning(
+                "status sync skipped rows of objects it could not look up",
+                extra={
+                    "event": Event.STATUS_SYNC_LOOKUPS_BOUNDED,
+                    "skipped": pass_.deferred,
+                    "gets": UNLISTED_GETS,
+                },
+            )
+
+    async def sync_records(self, records: list[PublishRecord], pass_: Pass | None = None) -> None:
+        """Sync each object's latest row among ``records`` (one pass of its own unless
+        ``pass_`` is the sweep's)."""
+        alone = pass_ is None
+        pass_ = pass_ or Pass()
         latest: dict[str, PublishRecord] = {}
         for record in records:
             uid = object_uid(record)
@@ -177,7 +283,7 @@ class StatusSync:
         async def sync(uid: str, record: PublishRecord) -> None:
             async with slots:
                 try:
-                    await self.sync_one(uid, record)
+                    await self.sync_one(uid, record, pass_)
                 except KubeError as exc:
                     log.warning(
                         "could not sync a status",
@@ -191,11 +297,29 @@ class StatusSync:
         # one task per object (so one object's GET, PATCH and Event stay in order), a few
         # objects at a time: a burst of outcomes is not synced one round trip after another
         await asyncio.gather(*(sync(uid, record) for uid, record in latest.items()))
+        if alone:
+            self._report(pass_)
 
-    async def sync_one(self, uid: str, record: PublishRecord) -> None:
+    async def sync_one(self, uid: str, record: PublishRecord, pass_: Pass) -> None:
         snapshot = self.known(uid)
-        obj = snapshot or await self.kube.get(record.namespace, record.name)
+        how = lookup(
+            indexed=snapshot is not None,
+            listed=self.listed.is_set(),
+            covered=self.covers(record.namespace),
+            seen_gone=uid in pass_.gone,
+            gets_left=pass_.gets_left,
+        )
+        if how is Lookup.GONE:
+            return
+        if how is Lookup.DEFERRED:
+            pass_.deferred += 1
+            return
+        obj = snapshot
+        if how is Lookup.GET:
+            pass_.gets_left -= 1
+            obj = await self.kube.get(record.namespace, record.name)
         if obj is None or obj["metadata"].get("uid") != uid:
+            pass_.gone.add(uid)
             return  # deleted, or re-created under the same name (a different object)
         old = obj.get("status") or {}
         written = self._written.get(uid)

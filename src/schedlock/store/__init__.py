@@ -53,6 +53,8 @@ from schedlock.store.models import (
     ScheduleRecord,
     ScheduleSpec,
     SchemaStatus,
+    SweepPosition,
+    SyncCursor,
     TermStart,
     UpsertResult,
 )
@@ -95,6 +97,8 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "SweepPosition",
+    "SyncCursor",
     "TermStart",
     "UnlockFailed",
     "UnsafeConnection",

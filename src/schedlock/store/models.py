@@ -297,3 +297,21 @@ class HistoryStats:
             "terms": self.terms_bytes,
             "reserves": self.reserves_bytes,
         }
+
+
+@dataclass(frozen=True)
+class SyncCursor:
+    """Where the operator's status sync resumes: its stored watermark (None: no cursor yet)
+    and the database clock, read together."""
+
+    watermark_at: datetime | None
+    now: datetime
+
+
+@dataclass(frozen=True)
+class SweepPosition:
+    """Where the operator's sweep goes on: rows changed at ``at`` with an id above
+    ``after_id``, then every row changed after ``at`` (database clock)."""
+
+    at: datetime
+    after_id: int = 0

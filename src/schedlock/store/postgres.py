@@ -84,6 +84,8 @@ OPERATOR_GRANTS = (
     ("SELECT, INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_schedules")),
     ("SELECT", ("TABLE schedlock_terms", "TABLE schedlock_migrations")),
     ("USAGE", ("SEQUENCE schedlock_publishes_id_seq", "SEQUENCE schedlock_schedules_id_seq")),
+    # The status sync's cursor (0006): read where it resumes, upsert it after each sweep.
+    ("SELECT, INSERT, UPDATE", ("TABLE schedlock_sync_cursors",)),
 )
 GRANTS = {"sidecar": SIDECAR_GRANTS, "operator": OPERATOR_GRANTS}
 # Pruning (schedlock.store.retention), granted with the rest but not required to start: a role
@@ -692,7 +694,8 @@ class PostgresConnector:
         """Grant the least privileges each runtime role needs (run as the schema owner).
 
         Neither role gets DDL: sidecars read and move rows, take locks and record terms; the
-        operator writes rows and schedules and reads terms.  Returns the roles granted to.
+        operator writes rows, schedules and its sync cursor, and reads terms.  Returns the
+        roles granted to.
         """
 
         async def run(conn: Conn) -> list[str]:

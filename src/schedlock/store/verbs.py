@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from schedlock.core.logs import Event
@@ -35,10 +35,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("schedlock.store")
 M = TypeVar("M")
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The sweep re-reads this far behind the database clock: a row whose statement began before
 # now() may commit after it (re-reading is harmless, syncing is idempotent).
 SWEEP_OVERLAP = timedelta(seconds=5)
+SWEEP_PAGE = 500  # rows per read of the sweep
 
 
 class Session(Protocol):
@@ -341,16 +341,34 @@ class SqlStore:
         return await self._models(models.RowVersion, "row_versions", {"uids": list(uids)})
 
     async def changed_since(
-        self, since: datetime | None, limit: int = 500
-    ) -> tuple[list[models.PublishRecord], datetime]:
-        """Rows changed after ``since`` and the watermark to pass next time (database clock)."""
+        self, since: models.SweepPosition, limit: int = SWEEP_PAGE
+    ) -> tuple[list[models.PublishRecord], models.SweepPosition]:
+        """Rows changed since ``since`` and the position to pass next time (database clock):
+        after the last row read while pages are full, else ``SWEEP_OVERLAP`` before now."""
         async with self.connector.session() as session:
             now = self.codec.timestamp((await session.fetch("db_now", {}))[0]["now"])
-            found = await session.fetch("changed_since", {"since": since or EPOCH, "limit": limit})
+            params = {"since": since.at, "after_id": since.after_id, "limit": limit}
+            found = await session.fetch("changed_since", params)
         records = [from_row(models.PublishRecord, r, self.codec) for r in found]
-        if len(found) == limit:  # more to read: continue from the last one seen
-            return records, self.codec.timestamp(found[-1]["updated_at"])
-        return records, now - SWEEP_OVERLAP
+        if len(found) == limit:  # more to read: continue after the last one seen
+            last = found[-1]
+            return records, models.SweepPosition(
+                self.codec.timestamp(last["updated_at"]), last["id"]
+            )
+        return records, models.SweepPosition(now - SWEEP_OVERLAP)
+
+    # -- status sync cursor (migration 0006) ------------------------------------------------------
+
+    async def sync_cursor(self, name: str) -> models.SyncCursor:
+        """The cursor ``name``'s stored watermark (None: never stored) and the database clock."""
+        [found] = await self._models(models.SyncCursor, "sync_cursor", {"name": name})
+        return found
+
+    async def store_sync_cursor(self, name: str, watermark_at: datetime, holder: str) -> None:
+        """Store where the sync resumes (after a completed sweep, by the sync lock's holder)."""
+        async with self.connector.session() as session:
+            params = {"name": name, "watermark_at": watermark_at, "holder": holder}
+            await session.execute("store_sync_cursor", params)
 
     # -- retention ------------------------------------------------------------------------------
 

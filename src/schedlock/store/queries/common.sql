@@ -186,12 +186,15 @@ ORDER BY schedule_id DESC, due_at DESC, id DESC
 LIMIT 1;
 
 -- name: changed_since
--- The operator's sweep: rows changed after a watermark (database clock), oldest first.
+-- The operator's sweep: rows changed since a position (database clock), oldest first.  The
+-- position is (updated_at, id): one statement stamps all its rows with the same now(), so a
+-- page may end inside such a group and the next one goes on after the last id read (on the
+-- updated_at index: a range from :since, the id only filters that one timestamp's rows).
 SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
        state, attempts, max_attempts, term, holder, last_status, last_error, fired_at, finished_at,
        updated_at
 FROM schedlock_publishes
-WHERE updated_at > :since
+WHERE updated_at >= :since AND (updated_at > :since OR id > :after_id)
 ORDER BY updated_at, id
 LIMIT :limit;
 
@@ -234,3 +237,16 @@ SELECT holder, lease_until FROM schedlock_maintenance WHERE task = :task;
 -- its promised next check plus a grace).  One row per reserve replica at most: no batching.
 DELETE FROM schedlock_reserves WHERE expires_at <= :cutoff;
 
+
+-- Status sync cursor (migration 0006): where the operator's sync resumes, on the database clock.
+
+-- name: sync_cursor
+-- The stored watermark (NULL: none yet) and the database clock, in one statement.
+SELECT now() AS now,
+       (SELECT watermark_at FROM schedlock_sync_cursors WHERE name = :name) AS watermark_at;
+
+-- name: store_sync_cursor
+INSERT INTO schedlock_sync_cursors (name, watermark_at, holder, updated_at)
+VALUES (:name, :watermark_at, :holder, now())
+ON CONFLICT (name) DO UPDATE
+SET watermark_at = excluded.watermark_at, holder = excluded.holder, updated_at = now();
