@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psycopg
+
 from schedlock.core.logs import Event, records
 from testbed.pg import PostgresServer, free_port
 from testbed.rows import insert_rows
@@ -103,3 +105,35 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path: Path, migrated_database:
         f"schedlock sidecar: error: cannot serve HTTP on 127.0.0.1:{port}: address already in use"
         " (/metrics, /healthz, /readyz)"
     )
+
+
+def test_a_schema_taken_down_under_a_leader_ends_it_instead_of_redelivering(
+    tmp_path: Path, migrated_database: str
+) -> None:
+    """A rollback's `migrate --to` under a running sidecar (0004's down step drops
+    schedlock_terms.last_fire_at, which `complete` sets): the leader exits in one line rather
+    than losing its term at every outcome and delivering the rows in flight again and again."""
+    group = SidecarGroup(tmp_path, migrated_database, replicas=1).start()
+    try:
+        leader = group.wait_leader()
+        insert_rows(migrated_database, 1, start_in=0.2, prefix="before")
+        assert group.receiver is not None
+        wait_for(lambda: len(group.receiver.entries()) == 1, timeout=15, what="the first fire")
+        with psycopg.connect(migrated_database, autocommit=True) as conn:
+            conn.execute("ALTER TABLE schedlock_terms DROP COLUMN last_fire_at")
+        insert_rows(migrated_database, 1, start_in=0.2, prefix="after")
+        assert leader.wait(timeout=30) == 1
+        text = leader.log_text()
+        assert "the database schema changed under this process" in text
+        assert "Traceback" not in text
+        deliveries = [
+            e for e in group.receiver.entries() if str(e.get("uid", "")).startswith("after")
+        ]
+        assert len(deliveries) <= 1, deliveries  # delivered once at most, never in a loop
+        with psycopg.connect(migrated_database) as conn:
+            row = conn.execute(
+                "SELECT attempts FROM schedlock_publishes WHERE uid LIKE 'after%'"
+            ).fetchone()
+        assert row is not None and row[0] <= 1
+    finally:
+        group.stop()

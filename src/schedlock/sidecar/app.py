@@ -30,7 +30,7 @@ from schedlock.core.settings import add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.http import build_app
-from schedlock.sidecar.lock import FATAL, RETRIED, KeyElector, Role
+from schedlock.sidecar.lock import FATAL, RETRIED, UNSAFE, KeyElector, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.sidecar.target import TargetWatch, Thresholds, derive_check
@@ -126,7 +126,7 @@ class Sidecar:
                 stopping=self.stopping,
                 report=self._report_schema,
                 log=log,
-                fatal=FATAL,
+                fatal=UNSAFE,
             )
             if not usable:
                 return 0

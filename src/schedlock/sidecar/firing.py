@@ -131,6 +131,9 @@ class _Term:
             # If this term is cancelled mid-cleanup (the heartbeat lost the lease), an error of
             # a helper task is already accounted for: never "exception was never retrieved".
             task.add_done_callback(_retrieve)
+        # An outcome writer that failed (the term moved on, the schema changed) ends the term
+        # now, not at the loop's next wake-up a poll later.
+        completer.add_done_callback(lambda _task: self.wake.set())
         graceful = False
         try:
             # No waiting for the listener before the first claim: it wakes the loop once it

@@ -106,6 +106,7 @@ from schedlock.store import (
     LockKey,
     LockKeyCollision,
     LockSession,
+    SchemaChanged,
     Store,
     StoreError,
     StoreUnavailable,
@@ -117,7 +118,11 @@ from schedlock.store import (
 log = logging.getLogger("schedlock.lock")
 
 # Errors that no retry can fix: the process must stop and say why.
-FATAL = (UnsafeConnection, LockKeyCollision, UnlockFailed)
+UNSAFE = (UnsafeConnection, LockKeyCollision, UnlockFailed)
+# ... and, once leading, a schema taken down under the process (a rollback's `migrate --to`):
+# re-leading would re-deliver the rows in flight term after term.  Not fatal at start-up,
+# where a schema not there yet is waited for.
+FATAL = (*UNSAFE, SchemaChanged)
 # Errors that end a session, not the process: reconnect (with back-off).
 RETRIED = (StoreUnavailable, LeadershipLost, StoreError)
 # Reconnecting after a lost session: 0.2 s doubling to 5 s (with jitter).

@@ -37,6 +37,13 @@ class SchemaNotCurrent(SchemaError):
     """Migrations this binary needs have not run yet."""
 
 
+class SchemaChanged(SchemaError):
+    """A statement named a table, column or function the database no longer has: the schema
+    was taken down (``migrate --to``) under a running process.  Leading on would fail every
+    outcome and re-deliver the rows in flight term after term, so the sidecar exits instead
+    and, restarted, waits until the schema is one it runs on."""
+
+
 class MissingPrivileges(StoreError):
     """The database role lacks a privilege its component needs (it was never granted)."""
 

@@ -31,6 +31,7 @@ from schedlock.store.errors import (
     LeadershipLost,
     LockKeyCollision,
     ReadOnlyServer,
+    SchemaChanged,
     StoreError,
     StoreUnavailable,
     UnlockFailed,
@@ -120,6 +121,15 @@ async def _guard(call: Awaitable[T]) -> T:
         raise ReadOnlyServer(f"{_describe(exc)}: the server is read-only") from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         raise StoreUnavailable(_describe(exc)) from exc
+    except (
+        psycopg.errors.UndefinedTable,
+        psycopg.errors.UndefinedColumn,
+        psycopg.errors.UndefinedFunction,
+    ) as exc:
+        raise SchemaChanged(
+            f"the database schema changed under this process ({_describe(exc)}): "
+            "was it taken down with `schedlock migrate --to`?"
+        ) from exc
     except psycopg.Error as exc:
         raise StoreError(_describe(exc)) from exc
 
