@@ -24,20 +24,19 @@ Exactly one operator replica syncs at a time: the one holding the advisory lock
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from schedlock.core.aio import Backoff, sleep_unless, unless_set
+from schedlock.core.aio import Backoff, RateLimit, sleep_unless, unless_set
 from schedlock.core.identities import Scheduler, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
 from schedlock.operator.kube import Kube, KubeError
 from schedlock.store import Channel, HeldLock, PublishRecord, Store, StoreError
+from schedlock.store.notices import parse_outcomes
 
 log = logging.getLogger("schedlock.operator.sync")
 SYNC_LOCK_OBJID = 1
@@ -45,6 +44,10 @@ RETRY_FIRST = 1.0  # seconds: after an interrupted sync, doubling to RETRY_CAP (
 RETRY_CAP = 10.0
 LISTEN_READY_SECONDS = 5.0  # how long the first sweep waits for LISTEN to be in place
 SYNC_CONCURRENCY = 6  # objects synced at once (the official client runs each call in a thread)
+# A notification not understood may hide outcomes: the sweep that makes up for it runs at most
+# this often (seconds), so a flood of garbage costs one cheap sweep a second, not one each.
+GARBLED_SWEEP_SECONDS = 1.0
+GARBLED_LOG_SECONDS = 60.0  # at most one debug line per this many seconds about them
 
 
 class KubeApi(Protocol):
@@ -79,6 +82,12 @@ class StatusSync:
     active: bool = field(default=False, init=False)
     _pending: set[int] = field(default_factory=set, init=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    garbled: int = field(default=0, init=False)  # notifications not understood, ever
+    _sweep_soon: bool = field(default=False, init=False)
+    _swept_at: float = field(default=-GARBLED_SWEEP_SECONDS, init=False)
+    _garbled_said: RateLimit = field(
+        default_factory=lambda: RateLimit(GARBLED_LOG_SECONDS), init=False
+    )
     _watermark: datetime | None = field(default=None, init=False)
     # uid -> (the index's snapshot when the sync patched, the status it wrote)
     _written: dict[str, tuple[object, dict[str, Any]]] = field(default_factory=dict, init=False)
@@ -121,9 +130,25 @@ class StatusSync:
                     await held.close()
             await backoff.sleep(stopping)
 
-    def _on_outcomes(self, payload: str) -> None:
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            self._pending.update(int(i) for i in json.loads(payload)["ids"])
+    def _on_outcomes(self, payload: str | bytes) -> None:
+        # Anyone who can connect may NOTIFY this channel: a payload is a stranger's input.
+        notice = parse_outcomes(payload)
+        if notice.garbled:
+            # It may stand for outcomes we will not hear of otherwise: sweep soon (once per
+            # GARBLED_SWEEP_SECONDS however many arrive), and say so at debug, rate-limited.
+            self._sweep_soon = True
+            self.garbled += 1
+            if self._garbled_said.ready(asyncio.get_running_loop().time()):
+                log.debug(
+                    "notification not understood, sweeping",
+                    extra={
+                        "event": Event.NOTIFICATION_GARBLED,
+                        "channel": str(Channel.OUTCOMES),
+                        "garbled_total": self.garbled,
+                    },
+                )
+        if notice.ids or notice.garbled:
+            self._pending.update(notice.ids)
             self._wake.set()
 
     async def _active(self, held: HeldLock, stopping: asyncio.Event) -> None:
@@ -138,7 +163,11 @@ class StatusSync:
             while not stopping.is_set():
                 if listener.done():
                     listener.result()  # re-raise StoreError: reconnect everything
+                if self._sweep_soon:
+                    self._sweep_soon = False
+                    next_sweep = min(next_sweep, self._swept_at + GARBLED_SWEEP_SECONDS)
                 if loop.time() >= next_sweep:
+                    self._swept_at = loop.time()
                     await self.sweep()
                     await held.ping()
                     next_sweep = loop.time() + self.sweep_seconds

@@ -49,6 +49,7 @@ from schedlock.store import (
     Store,
     StoreError,
 )
+from schedlock.store.notices import parse_rows
 
 log = logging.getLogger("schedlock.firing")
 
@@ -193,10 +194,12 @@ class _Term:
     async def _listen(self) -> None:
         """NOTIFY wake-ups on the lock session itself (no session of their own); a failure
         only costs latency (the timers and the poll still run)."""
-        wanted = f"{self.key.scheduler}/{self.key.namespace}/{self.key.target}"
+        wanted = (self.key.scheduler, self.key.namespace, self.key.target)
 
-        def on_payload(payload: str) -> None:
-            if payload == wanted:
+        def on_payload(payload: str | bytes) -> None:
+            # Anyone may NOTIFY this channel: garbage is simply not this key's (the triggers
+            # only send well-formed keys, so nothing is lost; the safety poll runs anyway).
+            if parse_rows(payload) == wanted:
                 self.wake.set()
 
         try:
