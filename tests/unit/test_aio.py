@@ -233,3 +233,23 @@ def test_a_stop_during_a_restart_delay_ends_the_group_at_once() -> None:
         assert group.health() is None
 
     run(body())
+
+
+def test_a_fatal_error_of_a_supervised_task_is_not_retried_but_ends_the_group() -> None:
+    class Unsafe(Exception):
+        pass
+
+    runs: list[float] = []
+
+    async def unsafe() -> None:
+        runs.append(now())
+        await asyncio.sleep(1)
+        raise Unsafe("cannot run safely")
+
+    async def body() -> None:
+        async with Supervisor("electors") as group:
+            group.supervise("elector", unsafe, Backoff(1, 2), fatal=(Unsafe,))
+
+    with pytest.raises(Unsafe):
+        run(body())
+    assert len(runs) == 1

@@ -132,6 +132,17 @@ class Backoff:
         return await sleep_unless(self.next(), *unless)
 
 
+# A supervised task that failed runs again after RESTART_FIRST seconds, doubling to RESTART_CAP:
+# soon enough that a passing fault costs a second, slow enough that a bug does not spin.
+RESTART_FIRST = 1.0
+RESTART_CAP = 30.0
+
+
+def restart_backoff() -> Backoff:
+    """The back-off between the runs of a supervised task (:meth:`Supervisor.supervise`)."""
+    return Backoff(RESTART_FIRST, RESTART_CAP)
+
+
 @dataclass
 class RateLimit:
     """At most once per ``seconds``: :meth:`ready` says yes the first time, then again only
@@ -188,18 +199,28 @@ class Supervisor:
         return task
 
     def supervise(
-        self, name: str, run: Callable[[], Coroutine[Any, Any, object]], backoff: Backoff
+        self,
+        name: str,
+        run: Callable[[], Coroutine[Any, Any, object]],
+        backoff: Backoff,
+        *,
+        fatal: tuple[type[BaseException], ...] = (),
     ) -> asyncio.Task[None]:
         """Run ``run()`` as the task ``name``, again after each failure, waiting ``backoff``.
 
         A run that lasted longer than the back-off's cap resets it: a task that worked for a
         while restarts at once, one that fails at every start backs off to the cap.  A run that
-        returns ends the task; so does a stop (``stopping``), also during a back-off.
+        returns ends the task; so does a stop (``stopping``), also during a back-off.  A
+        ``fatal`` error is not retried: it is a failure of the group, as with :meth:`start`.
         """
-        return self.start(name, self._restarting(name, run, backoff))
+        return self.start(name, self._restarting(name, run, backoff, fatal))
 
     async def _restarting(
-        self, name: str, run: Callable[[], Coroutine[Any, Any, object]], backoff: Backoff
+        self,
+        name: str,
+        run: Callable[[], Coroutine[Any, Any, object]],
+        backoff: Backoff,
+        fatal: tuple[type[BaseException], ...],
     ) -> None:
         restarts = 0
         while True:
@@ -207,6 +228,8 @@ class Supervisor:
             try:
                 await run()
                 return
+            except fatal:
+                raise
             except Exception as failure:  # cancellation and interpreter exits pass through
                 if now() - started > backoff.cap:
                     backoff.reset()

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import kopf
 from kopf._core.engines import peering
 
-from schedlock.core.aio import Backoff, Supervisor
+from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, health_app, serve
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
@@ -32,13 +32,6 @@ log = logging.getLogger("schedlock.operator")
 EXIT_FATAL = 1
 ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts (a burst queues in the pool)
 STOP_SECONDS = 5.0  # how long the status sync and the re-assertion get to stop on their own
-# A background task that failed runs again after RESTART_FIRST seconds, doubling to RESTART_CAP.
-RESTART_FIRST = 1.0
-RESTART_CAP = 30.0
-
-
-def restart_backoff() -> Backoff:
-    return Backoff(RESTART_FIRST, RESTART_CAP)
 
 
 class Readiness:
