@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from schedlock.core.aio import Backoff, Supervisor, now, sleep_unless, unless_set
+from schedlock.core.aio import Backoff, RateLimit, Supervisor, now, sleep_unless, unless_set
 from testbed.virtual_time import run
 
 
@@ -253,3 +253,10 @@ def test_a_fatal_error_of_a_supervised_task_is_not_retried_but_ends_the_group() 
     with pytest.raises(Unsafe):
         run(body())
     assert len(runs) == 1
+
+
+def test_a_rate_limit_says_yes_once_per_interval() -> None:
+    limit = RateLimit(60)
+    assert [limit.ready(t) for t in (0, 1, 59.9, 60, 61, 200)] == [
+        True, False, False, True, False, True,
+    ]  # fmt: skip

@@ -36,7 +36,7 @@ from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
 from schedlock.operator.kube import Kube, KubeError
 from schedlock.store import Channel, HeldLock, PublishRecord, Store, StoreError
-from schedlock.store.notices import parse_outcomes
+from schedlock.store.notices import GARBLED_LOG_SECONDS, parse_outcomes
 
 log = logging.getLogger("schedlock.operator.sync")
 SYNC_LOCK_OBJID = 1
@@ -47,7 +47,6 @@ SYNC_CONCURRENCY = 6  # objects synced at once (the official client runs each ca
 # A notification not understood may hide outcomes: the sweep that makes up for it runs at most
 # this often (seconds), so a flood of garbage costs one cheap sweep a second, not one each.
 GARBLED_SWEEP_SECONDS = 1.0
-GARBLED_LOG_SECONDS = 60.0  # at most one debug line per this many seconds about them
 
 
 class KubeApi(Protocol):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 MAX_PAYLOAD_BYTES = 8000  # PostgreSQL's limit for a NOTIFY payload (bytes, in the server encoding)
 BIGINT_MAX = 2**63 - 1
+# A flood of garbage is said at debug at most once per this many seconds (per listener).
+GARBLED_LOG_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
