@@ -322,7 +322,7 @@ def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: st
         for uid in ("n1", "n2"):
             await store.upsert_publish(spec(uid=uid, due_in=-1))
         # The operator's own LISTEN (a dedicated session of the store's).
-        notes: asyncio.Queue[str] = asyncio.Queue()
+        notes: asyncio.Queue[str | bytes] = asyncio.Queue()
         ready = asyncio.Event()
         listener = asyncio.create_task(store.listen(Channel.OUTCOMES, notes.put_nowait, ready))
         await asyncio.wait_for(ready.wait(), 10)

@@ -193,6 +193,9 @@ def test_notify_for_this_key_wakes_the_loop_at_once_and_others_do_not() -> None:
         rows.add(1)
         assert rows.notify is not None
         rows.notify("publish/default/other")
+        # nor garbage (anyone may NOTIFY the channel): ignored, never raised into the pump
+        for garbage in ("x" * 7000, '{"ids":[1e999]}', "publish/default", b"\xff/default/demo"):
+            rows.notify(garbage)  # type: ignore[arg-type]
         await settle()
         assert len(rows.claims) == claims and app.started == [], "not our key: no wake-up"
         woken = now()

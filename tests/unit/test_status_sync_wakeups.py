@@ -45,7 +45,7 @@ class Store:
 
     granted: asyncio.Event = field(default_factory=asyncio.Event)
     held: list[Held] = field(default_factory=list)
-    notify: Callable[[str], None] | None = None
+    notify: Callable[[str | bytes], None] | None = None
     sweeps: list[float] = field(default_factory=list)
     reads: list[tuple[float, list[int]]] = field(default_factory=list)
     fail_next_ping: bool = False
@@ -60,7 +60,10 @@ class Store:
         return self.held[-1]
 
     async def listen(
-        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+        self,
+        channel: str,
+        on_payload: Callable[[str | bytes], None],
+        ready: asyncio.Event | None = None,
     ) -> None:
         self.notify = on_payload
         if ready is not None:
@@ -129,7 +132,6 @@ def test_outcomes_are_synced_on_notify_at_once_and_swept_on_the_interval() -> No
         store.notify(json.dumps({"ids": [7, 3]}))
         await until(lambda: bool(store.reads))
         assert store.reads == [(notified_at, [3, 7])], "synced when notified, not at the sweep"
-        store.notify("not json")  # ignored, never fatal
         await asyncio.sleep(SWEEP)
         assert store.sweeps == [t0, t0 + SWEEP], "and swept on its interval"
         assert store.held[0].pings == store.sweeps
@@ -227,6 +229,36 @@ def test_the_first_sweep_waits_for_the_listing_a_bounded_time() -> None:
         started = now()
         await until(lambda: bool(store.sweeps))
         assert store.sweeps == [pytest.approx(started + LISTING_WAIT_SECONDS)]
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+
+    run(body())
+
+
+def test_garbage_notifications_never_stop_the_sync_and_are_made_up_for_by_a_sweep() -> None:
+    async def body() -> None:
+        store, stopping = Store(), asyncio.Event()
+        store.granted.set()
+        sync, task = start(store, stopping)
+        await until(lambda: sync.active and store.notify is not None and bool(store.sweeps))
+        await asyncio.sleep(5)
+        assert store.notify is not None
+        # the attack: int(1e999) raised OverflowError and ended the sync task
+        t1 = now()
+        store.notify('{"ids":[1e999]}')
+        await until(lambda: len(store.sweeps) == 2)
+        assert store.sweeps[1] == t1, "garbage may hide outcomes: swept at once"
+        # a flood costs one sweep a second, not one each
+        for i in range(200):
+            store.notify(b"\xff\xfe not utf-8" if i % 2 else '{"ids":[NaN, "x", [[1]]]}')
+            await asyncio.sleep(0.01)
+        assert store.sweeps[1:] == pytest.approx([t1, t1 + 1, t1 + 2]), store.sweeps
+        # good ids among bad ones are synced at once, the bad ones dropped
+        store.notify('{"ids":[7, 9223372036854775808, 1e999, -1]}')
+        await until(lambda: bool(store.reads))
+        assert [ids for _, ids in store.reads] == [[7]]
+        assert not task.done() and sync.active, "still syncing"
+        assert sync.garbled == 202
         stopping.set()
         await asyncio.wait_for(task, 5)
 

@@ -6,9 +6,12 @@ shutdown behaves the same everywhere (kopf's ``aiokits`` are the model):
 - :func:`sleep_unless` — wait so long, or until an event is set (the loops' "sleep or stop");
 - :func:`unless_set` — await a call unless an event is set first (then cancel it);
 - :class:`Backoff` — the one retry policy: doubling from ``first`` to ``cap``, with jitter;
+- :class:`RateLimit` — at most once per so many seconds (a log line about a flood);
 - :class:`Supervisor` — named tasks run as a group: the first failure cancels the others,
   *every* failure of the group is logged with its task's name, and a stop is staged: the
   tasks get ``stop_timeout`` seconds to end on their own, then whatever is left is cancelled.
+  A task started with :meth:`Supervisor.supervise` is restarted instead (the one back-off
+  between runs), and the group says which tasks are down meanwhile (``/readyz``).
 
 All waits go through the running loop's clock, so a test on a virtual-time loop runs them in
 no time at all.
@@ -129,6 +132,41 @@ class Backoff:
         return await sleep_unless(self.next(), *unless)
 
 
+# A supervised task that failed runs again after RESTART_FIRST seconds, doubling to RESTART_CAP:
+# soon enough that a passing fault costs a second, slow enough that a bug does not spin.
+RESTART_FIRST = 1.0
+RESTART_CAP = 30.0
+
+
+def restart_backoff() -> Backoff:
+    """The back-off between the runs of a supervised task (:meth:`Supervisor.supervise`)."""
+    return Backoff(RESTART_FIRST, RESTART_CAP)
+
+
+@dataclass
+class RateLimit:
+    """At most once per ``seconds``: :meth:`ready` says yes the first time, then again only
+    once ``seconds`` went by on the clock it is given (the loop's: :func:`now`)."""
+
+    seconds: float
+    _next: float = float("-inf")
+
+    def ready(self, at: float) -> bool:
+        if at < self._next:
+            return False
+        self._next = at + self.seconds
+        return True
+
+
+@dataclass(frozen=True)
+class Down:
+    """A restarted task between a failure and its next run."""
+
+    error: str  # the failure's type name: words for /readyz (the detail went to the log)
+    restart_at: float  # on the loop's clock
+    restarts: int  # how many times it failed in a row (reset by a run that lasted)
+
+
 @dataclass(eq=False)
 class Supervisor:
     """A group of named tasks: ``async with Supervisor("electors") as group: group.start(...)``.
@@ -139,6 +177,9 @@ class Supervisor:
       itself — not wrapped in an exception group.
     - A staged stop: once ``stopping`` is set, the tasks have ``stop_timeout`` seconds to end
       on their own (each ends its work gracefully); then those left are cancelled, and said.
+    - A task given to :meth:`supervise` is not a failure of the group when it raises: it is
+      logged (``task_failed``, with the delay) and run again after its back-off; meanwhile it
+      is in :attr:`down`, and :meth:`health` says so in words.
     """
 
     name: str
@@ -148,6 +189,7 @@ class Supervisor:
     expected: tuple[type[BaseException], ...] = ()
     logger: logging.Logger = log
     tasks: list[asyncio.Task[Any]] = field(default_factory=list, init=False)
+    down: dict[str, Down] = field(default_factory=dict, init=False)
     _group: asyncio.TaskGroup = field(default_factory=asyncio.TaskGroup, init=False)
     _watchdog: asyncio.Task[None] | None = field(default=None, init=False)
 
@@ -155,6 +197,75 @@ class Supervisor:
         task = self._group.create_task(coro, name=name)
         self.tasks.append(task)
         return task
+
+    def supervise(
+        self,
+        name: str,
+        run: Callable[[], Coroutine[Any, Any, object]],
+        backoff: Backoff,
+        *,
+        fatal: tuple[type[BaseException], ...] = (),
+    ) -> asyncio.Task[None]:
+        """Run ``run()`` as the task ``name``, again after each failure, waiting ``backoff``.
+
+        A run that lasted longer than the back-off's cap resets it: a task that worked for a
+        while restarts at once, one that fails at every start backs off to the cap.  A run that
+        returns ends the task; so does a stop (``stopping``), also during a back-off.  A
+        ``fatal`` error is not retried: it is a failure of the group, as with :meth:`start`.
+        """
+        return self.start(name, self._restarting(name, run, backoff, fatal))
+
+    async def _restarting(
+        self,
+        name: str,
+        run: Callable[[], Coroutine[Any, Any, object]],
+        backoff: Backoff,
+        fatal: tuple[type[BaseException], ...],
+    ) -> None:
+        restarts = 0
+        while True:
+            started = now()
+            try:
+                await run()
+                return
+            except fatal:
+                raise
+            except Exception as failure:  # cancellation and interpreter exits pass through
+                if now() - started > backoff.cap:
+                    backoff.reset()
+                    restarts = 0
+                restarts += 1
+                delay = backoff.next()
+                self._log_failure(name, failure, restart_in_s=round(delay, 3), restarts=restarts)
+                self.down[name] = Down(type(failure).__name__, now() + delay, restarts)
+            stopped = (
+                await sleep_unless(delay, self.stopping)
+                if self.stopping is not None
+                else await sleep_unless(delay)
+            )
+            del self.down[name]
+            if stopped:
+                return
+            self.logger.info(
+                "task restarted",
+                extra={
+                    "event": Event.TASK_RESTARTED,
+                    "group": self.name,
+                    "task": name,
+                    "restarts": restarts,
+                },
+            )
+
+    def health(self) -> str | None:
+        """None while every supervised task runs; else which are down, in words."""
+        if not self.down:
+            return None
+        clock = now()
+        return "; ".join(
+            f"task {name} failed ({down.error}), restart {down.restarts} "
+            f"in {max(down.restart_at - clock, 0):.1f} s"
+            for name, down in sorted(self.down.items())
+        )
 
     async def __aenter__(self) -> Supervisor:
         await self._group.__aenter__()
@@ -192,7 +303,7 @@ class Supervisor:
         }
         return [(names.get(id(leaf), f"{self.name}:body"), leaf) for leaf in leaves(group)]
 
-    def _log_failure(self, name: str, failure: BaseException) -> None:
+    def _log_failure(self, name: str, failure: BaseException, **fields: object) -> None:
         quiet = isinstance(failure, self.expected)
         self.logger.log(
             logging.INFO if quiet else logging.ERROR,
@@ -203,6 +314,7 @@ class Supervisor:
                 "group": self.name,
                 "task": name,
                 "error": f"{type(failure).__name__}: {failure}",
+                **fields,
             },
         )
 

@@ -29,6 +29,7 @@ class Event(StrEnum):
     # any process: supervised task groups (schedlock.core.aio)
     TASK_FAILED = "task_failed"
     TASK_CANCELLED = "task_cancelled"
+    TASK_RESTARTED = "task_restarted"
     # sidecar: process
     SIDECAR_STARTED = "sidecar_started"
     SIDECAR_FATAL = "sidecar_fatal"
@@ -58,6 +59,7 @@ class Event(StrEnum):
     MIGRATION_APPLIED = "migration_applied"
     MIGRATION_REVERTED = "migration_reverted"
     NOTIFICATIONS_STOPPED = "notifications_stopped"
+    NOTIFICATION_GARBLED = "notification_garbled"
     # store: retention (any contender: sidecar or operator)
     HISTORY_PRUNED = "history_pruned"
     PRUNE_FAILED = "prune_failed"

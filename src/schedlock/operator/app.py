@@ -19,6 +19,7 @@ from typing import Any
 import kopf
 from kopf._core.engines import peering
 
+from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, health_app, serve
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
@@ -32,6 +33,7 @@ from schedlock.store.retention import Pruner, RetentionPolicy
 log = logging.getLogger("schedlock.operator")
 EXIT_FATAL = 1
 ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts (a burst queues in the pool)
+STOP_SECONDS = 5.0  # how long the status sync and the re-assertion get to stop on their own
 
 
 class Readiness:
@@ -42,6 +44,7 @@ class Readiness:
         self.kopf_ready = asyncio.Event()
         self.schema_ok = False
         self.read_only: str | None = None  # the last re-assertion found a read-only server
+        self.tasks: Supervisor | None = None  # the background tasks, once they run
 
     def report_schema(self, error: StoreError | None) -> None:
         self.schema_ok = error is None
@@ -57,6 +60,9 @@ class Readiness:
             return False, f"database not writable: {self.read_only}"
         if not self.kopf_ready.is_set():
             return False, "starting the Kubernetes watches"
+        down = self.tasks.health() if self.tasks is not None else None
+        if down is not None:
+            return False, f"background task down: {down}"
         return True, "ready"
 
 
@@ -167,12 +173,9 @@ async def run_kopf(
         lost=reasserter.wake,  # a row that lost its outcome: restore it now
     )
     signal_listed(registry, sync.listed)
-    sync_task = asyncio.create_task(sync.run(stopping), name="status-sync")
-    reassert_task = asyncio.create_task(reasserter.run(stopping), name="reassert")
     # The operator contends for the pruning lease like the sidecars, on one of its pool's
     # sessions for a pass (schedlock.store.retention); it exports no metrics, the sidecars do.
     pruner = Pruner(store, f"{settings.holder_name}-operator", RetentionPolicy.of(settings))
-    prune_task = asyncio.create_task(pruner.run(stopping), name="prune")
     log.info(
         "operator started",
         extra={
@@ -183,34 +186,38 @@ async def run_kopf(
         },
     )
     try:
-        await kopf.operator(
-            registry=registry,
-            settings=kopf_settings,
-            # Named, not detected: kopf's detection calls getpass.getuser(), which raises in an
-            # image whose uid (65532) has no passwd entry — the operator's own pod.
-            identity=peering.Identity(settings.holder_name),
-            standalone=True,
-            clusterwide=not settings.watch_namespaces,
-            namespaces=settings.watch_namespaces,
-            ready_flag=readiness.kopf_ready,
-        )
+        # The background tasks are restarted after a failure (logged, with back-off) and
+        # /readyz fails while one is down; kopf runs its watches in the group's body, and its
+        # end stops the rest in stages (each gets STOP_SECONDS to finish, then is cancelled).
+        async with Supervisor(
+            "operator",
+            stopping=stopping,
+            stop_timeout=STOP_SECONDS,
+            expected=(kopf.LoginError,),  # said in one line below, no traceback
+            logger=log,
+        ) as tasks:
+            readiness.tasks = tasks
+            tasks.supervise("status-sync", lambda: sync.run(stopping), restart_backoff())
+            tasks.supervise("reassert", lambda: reasserter.run(stopping), restart_backoff())
+            tasks.supervise("prune", lambda: pruner.run(stopping), restart_backoff())
+            try:
+                await kopf.operator(
+                    registry=registry,
+                    settings=kopf_settings,
+                    # Named, not detected: kopf's detection calls getpass.getuser(), which
+                    # raises in an image whose uid (65532) has no passwd entry — its own pod.
+                    identity=peering.Identity(settings.holder_name),
+                    standalone=True,
+                    clusterwide=not settings.watch_namespaces,
+                    namespaces=settings.watch_namespaces,
+                    ready_flag=readiness.kopf_ready,
+                )
+            finally:
+                stopping.set()
     except kopf.LoginError as exc:
         print(f"schedlock operator: error: cannot log in to Kubernetes: {exc}", file=sys.stderr)
         return EXIT_FATAL
     finally:
-        stopping.set()
-        for task in (sync_task, reassert_task, prune_task):
-            try:
-                await asyncio.wait_for(task, 5)
-            except TimeoutError:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            except asyncio.CancelledError:
-                # kopf cancels what still runs in the loop when it stops: a task cancelled
-                # that way is stopped, not a failure of the shutdown.
-                if not task.cancelled():
-                    raise
         log.info(
             "operator stopped", extra={"event": Event.OPERATOR_STOPPED, "database_ready": True}
         )

@@ -35,8 +35,6 @@ Exactly one operator replica syncs at a time: the one holding the advisory lock
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
@@ -44,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from schedlock.core.aio import Backoff, sleep_unless, unless_set
+from schedlock.core.aio import Backoff, RateLimit, sleep_unless, unless_set
 from schedlock.core.identities import Scheduler, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
@@ -58,6 +56,7 @@ from schedlock.store import (
     SweepPosition,
     SyncCursor,
 )
+from schedlock.store.notices import GARBLED_LOG_SECONDS, parse_outcomes
 from schedlock.store.verbs import SWEEP_PAGE
 
 log = logging.getLogger("schedlock.operator.sync")
@@ -73,6 +72,9 @@ LISTING_WAIT_SECONDS = 30.0
 # GETs a pass may make for objects the index lacks before the listing (or outside the
 # namespaces it covers): bounded, whatever the history it reads; the rest of such rows wait.
 UNLISTED_GETS = 100
+# A notification not understood may hide outcomes: the sweep that makes up for it runs at most
+# this often (seconds), so a flood of garbage costs one cheap sweep a second, not one each.
+GARBLED_SWEEP_SECONDS = 1.0
 
 
 class KubeApi(Protocol):
@@ -152,6 +154,12 @@ class StatusSync:
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _position: SweepPosition | None = field(default=None, init=False)
     _listing_awaited: bool = field(default=False, init=False)
+    garbled: int = field(default=0, init=False)  # notifications not understood, ever
+    _sweep_soon: bool = field(default=False, init=False)
+    _swept_at: float = field(default=-GARBLED_SWEEP_SECONDS, init=False)
+    _garbled_said: RateLimit = field(
+        default_factory=lambda: RateLimit(GARBLED_LOG_SECONDS), init=False
+    )
     # uid -> (the index's snapshot when the sync patched, the status it wrote)
     _written: dict[str, tuple[object, dict[str, Any]]] = field(default_factory=dict, init=False)
 
@@ -193,9 +201,25 @@ class StatusSync:
                     await held.close()
             await backoff.sleep(stopping)
 
-    def _on_outcomes(self, payload: str) -> None:
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            self._pending.update(int(i) for i in json.loads(payload)["ids"])
+    def _on_outcomes(self, payload: str | bytes) -> None:
+        # Anyone who can connect may NOTIFY this channel: a payload is a stranger's input.
+        notice = parse_outcomes(payload)
+        if notice.garbled:
+            # It may stand for outcomes we will not hear of otherwise: sweep soon (once per
+            # GARBLED_SWEEP_SECONDS however many arrive), and say so at debug, rate-limited.
+            self._sweep_soon = True
+            self.garbled += 1
+            if self._garbled_said.ready(asyncio.get_running_loop().time()):
+                log.debug(
+                    "notification not understood, sweeping",
+                    extra={
+                        "event": Event.NOTIFICATION_GARBLED,
+                        "channel": str(Channel.OUTCOMES),
+                        "garbled_total": self.garbled,
+                    },
+                )
+        if notice.ids or notice.garbled:
+            self._pending.update(notice.ids)
             self._wake.set()
 
     async def _active(self, held: HeldLock, stopping: asyncio.Event) -> None:
@@ -214,7 +238,11 @@ class StatusSync:
             while not stopping.is_set():
                 if listener.done():
                     listener.result()  # re-raise StoreError: reconnect everything
+                if self._sweep_soon:
+                    self._sweep_soon = False
+                    next_sweep = min(next_sweep, self._swept_at + GARBLED_SWEEP_SECONDS)
                 if loop.time() >= next_sweep:
+                    self._swept_at = loop.time()
                     await self.sweep()
                     await held.ping()
                     next_sweep = loop.time() + self.sweep_seconds

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import random
 import signal
 import sys
 
-from schedlock.core.aio import Supervisor
+from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, serve
 from schedlock.core.settings import add_command
@@ -56,6 +57,7 @@ class Sidecar:
         self.store: Store = open_store(settings.database_url, application_name=settings.holder_name)
         self.stopping = asyncio.Event()
         self.electors: list[KeyElector] = []
+        self.tasks: Supervisor | None = None  # the electors' group, once it runs
         self.schema_ok = False
         self.not_ready_reason = "starting"
         self.http_port: int | None = None
@@ -78,6 +80,9 @@ class Sidecar:
                 f"target unreachable ({self.app.check.url}): {self.app.reason}; "
                 "not competing for leadership, its rows wait"
             )
+        tasks_down = self.tasks.health() if self.tasks is not None else None
+        if tasks_down is not None:
+            return False, f"background task down: {tasks_down}"
         down = [e for e in self.electors if not e.settled]
         if down:
             why = "; ".join(f"{e.key}: {e.last_error or 'connecting'}" for e in down)
@@ -204,9 +209,21 @@ class Sidecar:
                 expected=RETRIED,
                 logger=log,
             ) as electors:
+                # An elector that dies of an error it does not handle (a bug) is restarted
+                # with back-off, /readyz failing meanwhile; its session ended with it, so a
+                # standby leads.  Errors that make running unsafe still end the process.
+                self.tasks = electors
                 for elector in self.electors:
-                    electors.start(f"elector:{elector.key}", elector.run(self.stopping))
-                electors.start("pruner", self._pruner().run(self.stopping, self._leads))
+                    electors.supervise(
+                        f"elector:{elector.key}",
+                        functools.partial(elector.run, self.stopping),
+                        restart_backoff(),
+                        fatal=FATAL,
+                    )
+                pruner = self._pruner()
+                electors.supervise(
+                    "pruner", lambda: pruner.run(self.stopping, self._leads), restart_backoff()
+                )
         log.info("sidecar stopped", extra={"event": Event.SIDECAR_STOPPED})
         return 0
 

@@ -25,7 +25,7 @@ import random
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from schedlock.core.aio import sleep_unless
+from schedlock.core.aio import RateLimit, now, sleep_unless
 from schedlock.core.identities import Scheduler, slot_uid
 from schedlock.core.logs import Event
 from schedlock.core.scheduling import (
@@ -49,6 +49,7 @@ from schedlock.store import (
     Store,
     StoreError,
 )
+from schedlock.store.notices import GARBLED_LOG_SECONDS, parse_rows
 
 log = logging.getLogger("schedlock.firing")
 
@@ -196,11 +197,24 @@ class _Term:
     async def _listen(self) -> None:
         """NOTIFY wake-ups on the lock session itself (no session of their own); a failure
         only costs latency (the timers and the poll still run)."""
-        wanted = f"{self.key.scheduler}/{self.key.namespace}/{self.key.target}"
+        wanted = (self.key.scheduler, self.key.namespace, self.key.target)
+        said = RateLimit(GARBLED_LOG_SECONDS)
 
-        def on_payload(payload: str) -> None:
-            if payload == wanted:
+        def on_payload(payload: str | bytes) -> None:
+            # Anyone may NOTIFY this channel: garbage is simply not this key's (the triggers
+            # only send well-formed keys, so nothing is lost; the safety poll runs anyway).
+            key = parse_rows(payload)
+            if key == wanted:
                 self.wake.set()
+            elif key is None and said.ready(now()):
+                log.debug(
+                    "notification not understood, ignored",
+                    extra={
+                        "event": Event.NOTIFICATION_GARBLED,
+                        "channel": str(Channel.ROWS),
+                        "key": str(self.key),
+                    },
+                )
 
         try:
             await self.session.listen(Channel.ROWS, on_payload)

@@ -222,6 +222,28 @@ async def _writable_or_closed(conn: Conn) -> None:
         raise
 
 
+def _undecodable_notifications(conn: Conn, handle: Callable[[bytes], None]) -> None:
+    """Hand a notification whose payload the connection's encoding cannot decode to ``handle``
+    (its raw bytes) instead of raising.
+
+    psycopg decodes each notification as it reads it, also while a statement's results are
+    read; in a ``SQL_ASCII`` database any role may NOTIFY bytes that do not decode, and the
+    ``UnicodeDecodeError`` would then break whatever statement was running on a listening
+    connection (a leader's claim) and leave the connection out of step.  Channel names are
+    ours (ASCII): it is only ever the payload that fails.
+    """
+    decode_or_raise = conn.pgconn.notify_handler
+
+    def handler(note: Any) -> None:
+        try:
+            if decode_or_raise is not None:
+                decode_or_raise(note)
+        except UnicodeDecodeError:
+            handle(bytes(note.extra))
+
+    conn.pgconn.notify_handler = handler
+
+
 class PostgresLockSession(LockVerbs):
     """One dedicated connection: the advisory lock, its lease, heartbeat and row transitions
     (the row verbs are :class:`LockVerbs`', run on this connection).
@@ -367,8 +389,15 @@ class PostgresLockSession(LockVerbs):
         conn, deliver = self._require(), self._on_notify
         assert deliver is not None
         try:
-            async for note in conn.notifies():
-                deliver(note.channel, note.payload)
+            while True:
+                try:
+                    async for note in conn.notifies():
+                        deliver(note.channel, note.payload)
+                    return
+                except UnicodeDecodeError:
+                    # psycopg decodes the batch again after its handler (which skipped it):
+                    # a payload no key's text can be, go on pumping.
+                    continue
         except psycopg.Error as exc:
             # The session died: the next statement on it says so to the caller.
             log.debug(
@@ -389,9 +418,9 @@ class PostgresLockSession(LockVerbs):
                 on_payload(payload)
 
         async with self._statement():
-            await _guard(
-                self._require().execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-            )
+            conn = self._require()
+            _undecodable_notifications(conn, lambda _payload: None)  # no key's: ignored
+            await _guard(conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel))))
             self._on_notify = deliver
 
     # -- standby places and the reserve roster ----------------------------------------------------
@@ -773,17 +802,27 @@ class PostgresConnector:
         return PostgresLockSession(self.url, key, holder, lease_seconds)
 
     async def listen(
-        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+        self,
+        channel: str,
+        on_payload: Callable[[str | bytes], None],
+        ready: asyncio.Event | None = None,
     ) -> None:
-        """LISTEN on a dedicated connection and call ``on_payload`` until cancelled."""
+        """LISTEN on a dedicated connection and call ``on_payload`` until cancelled: with the
+        payload's text, or its raw bytes when the connection's encoding cannot decode them."""
 
         async def run() -> None:
             async with self._connection(f"{self.application_name}-listen") as conn:
+                _undecodable_notifications(conn, on_payload)
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                 if ready is not None:
                     ready.set()
-                async for note in conn.notifies():
-                    on_payload(note.payload)
+                while True:
+                    with contextlib.suppress(UnicodeDecodeError):
+                        # psycopg decodes a batch again after its handler (which handed the
+                        # undecodable payload on as bytes): the rest of the batch is lost
+                        # here, which the caller makes up for (the sync sweeps on garbage).
+                        async for note in conn.notifies():
+                            on_payload(note.payload)
 
         await _guard(run())
 

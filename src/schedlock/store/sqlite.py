@@ -254,7 +254,10 @@ class SqliteConnector:
         return SqliteLockSession(self.db, key)
 
     async def listen(
-        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+        self,
+        channel: str,
+        on_payload: Callable[[str | bytes], None],
+        ready: asyncio.Event | None = None,
     ) -> None:
         """SQLite has no NOTIFY: the loops rely on their timers and the safety poll."""
         if ready is not None:

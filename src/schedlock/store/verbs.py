@@ -283,7 +283,10 @@ class SqlStore:
         return self.connector.lock_session(key, holder, lease_seconds)
 
     async def listen(
-        self, channel: str, on_payload: Callable[[str], None], ready: asyncio.Event | None = None
+        self,
+        channel: str,
+        on_payload: Callable[[str | bytes], None],
+        ready: asyncio.Event | None = None,
     ) -> None:
         await self.connector.listen(channel, on_payload, ready)
 
