@@ -49,6 +49,13 @@ def sqlite_schema(path: Path) -> dict[str, set[str]]:
             "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'schedlock_%'"
         )
     }
+    # SQLite's CHECKs on existing tables are triggers (migration 0007): part of the schema.
+    schema["<triggers>"] = {
+        r[0]
+        for r in conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'schedlock_%'"
+        )
+    }
     conn.close()
     return schema
 
