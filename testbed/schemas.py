@@ -49,15 +49,19 @@ def sqlite_schema(path: Path) -> dict[str, set[str]]:
             "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'schedlock_%'"
         )
     }
-    # SQLite's CHECKs on existing tables are triggers (migration 0007): part of the schema.
-    schema["<triggers>"] = {
-        r[0]
-        for r in conn.execute(
-            "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'schedlock_%'"
-        )
-    }
     conn.close()
     return schema
+
+
+def sqlite_triggers(path: Path) -> set[str]:
+    """The schedlock triggers' definitions (SQLite's bounds on existing tables, migration 0007):
+    compared between replays, not with PostgreSQL (whose triggers differ by design)."""
+    conn = sqlite3.connect(path)
+    try:
+        query = "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'schedlock_%'"
+        return {str(r[0]) for r in conn.execute(query)}
+    finally:
+        conn.close()
 
 
 def pg_definitions(url: str) -> dict[str, set[tuple[object, ...]]]:
