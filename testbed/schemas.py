@@ -53,6 +53,17 @@ def sqlite_schema(path: Path) -> dict[str, set[str]]:
     return schema
 
 
+def sqlite_triggers(path: Path) -> set[str]:
+    """The schedlock triggers' definitions (SQLite's bounds on existing tables, migration 0007):
+    compared between replays, not with PostgreSQL (whose triggers differ by design)."""
+    conn = sqlite3.connect(path)
+    try:
+        query = "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'schedlock_%'"
+        return {str(r[0]) for r in conn.execute(query)}
+    finally:
+        conn.close()
+
+
 def pg_definitions(url: str) -> dict[str, set[tuple[object, ...]]]:
     with psycopg.connect(url) as conn:
 

@@ -218,6 +218,21 @@ def test_webhook_refuses_what_the_schema_cannot_see(stack: Stack) -> None:
     assert out.returncode != 0 and "spec.schedule" in out.stderr
 
 
+def test_webhook_refuses_a_deep_payload_in_one_line(stack: Stack) -> None:
+    """Issue 21: kopf's json.loads raised RecursionError on a payload ~1,000 deep, the webhook
+    answered 500 and failurePolicy: Ignore admitted the object.  Written as text: the test's
+    own json.dumps would recurse too."""
+    deep = '{"a": ' * 3_000 + "1" + "}" * 3_000
+    text = (
+        '{"apiVersion": "schedlock.dev/v1", "kind": "ScheduledPublish", "metadata": '
+        f'{{"name": "too-deep", "namespace": "{NAMESPACE}"}}, "spec": {{"target": "demo", '
+        f'"publishAt": "{at(60)}", "payload": {deep}}}}}'
+    )
+    out = stack.kube.kubectl("create", "-f", "-", input=text, check=False)
+    assert out.returncode != 0, out.stdout
+    assert "spec.payload nests deeper than 32 levels" in out.stderr, out.stderr
+
+
 def test_operator_runs_with_least_privilege(stack: Stack) -> None:
     who = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}"
 

@@ -10,6 +10,7 @@ sidecars and a recording app.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from testbed.operators import OperatorStack, at, operator_stack_fixture
@@ -82,3 +83,31 @@ def test_an_invalid_object_is_marked_once_and_fires_once_fixed(stack: Stack) -> 
     assert stack.status("big")["observedGeneration"] == 2
     assert [d["payload"] for d in stack.deliveries(uids["big"])] == [{"small": 1}]
     assert stack.warnings("big") == [("InvalidSpec", stack.warnings("big")[0][1])]
+
+
+def test_a_deep_payload_stored_past_the_webhook_is_marked_and_the_operator_goes_on(
+    stack: Stack,
+) -> None:
+    """Issue 21: with the webhook down, an object whose payload nests 3,000 deep is stored;
+    kopf's list and watch read it (the operator's recursion limit), the handlers mark it
+    InvalidSpec, and the other objects of every namespace are still handled."""
+    deep = '{"a": ' * 3_000 + "1" + "}" * 3_000
+    text = (
+        '{"apiVersion": "schedlock.dev/v1", "kind": "ScheduledPublish", "metadata": '
+        f'{{"name": "deep", "namespace": "{NAMESPACE}"}}, "spec": {{"target": "demo", '
+        f'"publishAt": "{at(3)}", "payload": {deep}}}}}'
+    )
+    stack.kube.kubectl("create", "-f", "-", input=text)
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # this test reads the object back with json.loads too
+    try:
+        marked(stack, "deep", "spec.payload nests deeper than 32 levels")
+        assert stack.rows(stack.uid("deep")) == 0
+        stack.operator.kill()  # a restart lists it again: still read, nothing new said
+        stack.operator.start()
+        wait_for(lambda: stack.resumed("deep"), 30, what="the resume")
+        assert len(stack.warnings("deep")) == 1
+        stack.apply("after-deep", publishAt=at(2), payload={"n": 1})
+        wait_for(lambda: stack.deliveries(stack.uid("after-deep")), 30, what="after-deep's fire")
+    finally:
+        sys.setrecursionlimit(old_limit)

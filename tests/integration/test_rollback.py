@@ -21,7 +21,7 @@ import pytest
 from schedlock.store import MigrationRefused, SchemaTooNew, ensure_schema, open_store
 from schedlock.store.migrations import latest_id, migrations
 from testbed.pg_fixtures import PostgresService
-from testbed.schemas import pg_definitions, pg_schema, sqlite_schema
+from testbed.schemas import pg_definitions, pg_schema, sqlite_schema, sqlite_triggers
 
 LATEST = latest_id("postgres")
 
@@ -44,7 +44,8 @@ class Databases:
     def schema(self, url: str) -> Any:
         if self.dialect == "postgres":
             return pg_schema(url), pg_definitions(url)
-        return sqlite_schema(Path(url.removeprefix("sqlite:///")))
+        path = Path(url.removeprefix("sqlite:///"))
+        return sqlite_schema(path), sqlite_triggers(path)
 
     def sql(self, url: str, statement: str, params: tuple[object, ...] = ()) -> list[Any]:
         if self.dialect == "postgres":

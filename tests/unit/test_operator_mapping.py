@@ -184,3 +184,26 @@ def test_recurring_status_and_slot_events() -> None:
     assert failing["conditions"][0]["status"] == "False"
     event = mapping.event_for(after, failing)
     assert event is not None and (event.type, event.reason) == ("Warning", "Failed")
+
+
+def test_a_deep_payload_is_refused_in_one_line_as_everywhere() -> None:
+    payload: dict[str, Any] = {}
+    for _ in range(3_000):  # the issue's nesting: json.dumps alone would raise RecursionError
+        payload = {"a": payload}
+    assert mapping.spec_problems({"publishAt": "2026-12-01T10:00:00Z", "payload": payload}) == [
+        "spec.payload nests deeper than 32 levels"
+    ]
+    with pytest.raises(mapping.InvalidSpec, match=r"^spec\.payload nests deeper than 32 levels$"):
+        mapping.desired(body(publishAt="2026-12-01T10:00:00Z", payload=payload))
+
+
+def test_a_row_failed_for_its_payload_posts_a_warning_with_the_reason() -> None:
+    """The sidecar ends a row it cannot read failed; the status sync's normal outcome path
+    turns that into the object's Warning Event."""
+    reason = "payload nests deeper than 32 levels"
+    firing = mapping.status_for_publish(record("firing", last_error=None), None, 4, NOW)
+    failed = mapping.status_for_publish(
+        record("failed", attempts=0, last_error=reason), firing, 4, NOW
+    )
+    assert failed["phase"] == "Failed" and failed["lastError"] == reason
+    assert mapping.event_for(firing, failed) == mapping.EventSpec("Warning", "Failed", reason)

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from schedlock.core.identities import parse_rfc3339, rfc3339
+from schedlock.core.payloads import parse_payload
 from schedlock.core.scheduling import parse_schedule
 from schedlock.core.settings import (
     EXIT_BAD_SETTING,
@@ -67,16 +68,6 @@ def parse_time(raw: str, now: datetime | None = None) -> datetime:
     if parsed.tzinfo is None:
         raise ValueError(f"needs a UTC offset or Z (e.g. {text}Z), got {raw!r}")
     return parsed.astimezone(UTC)
-
-
-def parse_payload(raw: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"must be a JSON object: {exc.msg} at position {exc.pos}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _fail(command: str, message: str) -> int:
@@ -183,6 +174,7 @@ def _common(args: argparse.Namespace, command: str) -> _Common:
         name=args.name or f"{command}-{uid[4:12]}",
         uid=uid,
         target=flag_value("--target", args.target, dns_label),
+        # One check for every writer (schedlock.core.payloads): the webhook's, the database's.
         payload=flag_value("--payload", args.payload, parse_payload),
         starting_deadline_seconds=deadline,
     )

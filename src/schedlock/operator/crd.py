@@ -15,7 +15,8 @@ What the API server enforces (OpenAPI schema plus CEL rules, no webhook needed):
   by the ``tzdata`` package (the list is generated into the rule at manifest-build time).
 * payload key count, deadline, retry and backoff bounds.
 
-What it cannot: the 16 KiB payload size (the operator's validating webhook) and cron semantics
+What it cannot: the payload's 16 KiB size and 32-level nesting (``schedlock.core.payloads``: the
+operator's validating webhook and handlers, and the database's CHECK) and cron semantics
 beyond shape, such as reversed ranges (``5-1``) or dates that never occur (``0 0 30 2 *``), which
 the operator's parser (``schedlock.core.scheduling``) reports on the object's status.
 """
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import importlib.resources
 from typing import Any, Final
+
+from schedlock.core.payloads import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH
 
 __all__ = [
     "API_VERSION",
@@ -40,6 +43,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "MAX_BACKOFF_SECONDS",
     "MAX_PAYLOAD_BYTES",
+    "MAX_PAYLOAD_DEPTH",
     "MAX_PAYLOAD_PROPERTIES",
     "MAX_SCHEDULE_LENGTH",
     "MAX_STARTING_DEADLINE_SECONDS",
@@ -90,7 +94,8 @@ MAX_TARGET_LENGTH: Final = 63
 MAX_SCHEDULE_LENGTH: Final = 128
 MAX_TIME_ZONE_LENGTH: Final = 64  # the longest IANA name today has 32 characters
 MAX_PAYLOAD_PROPERTIES: Final = 64
-MAX_PAYLOAD_BYTES: Final = 16 * 1024  # enforced by the operator's webhook, not the schema
+# MAX_PAYLOAD_BYTES (schedlock.core.payloads, imported above): enforced by the operator's
+# webhook and handlers and by the database, not the schema.
 MAX_STARTING_DEADLINE_SECONDS: Final = 30 * 24 * 3600
 MIN_ATTEMPTS: Final = 1
 MAX_ATTEMPTS: Final = 20
@@ -305,8 +310,8 @@ def _spec_schema() -> dict[str, Any]:
                 "description": (
                     "A JSON object passed to the app as-is, as the 'payload' field of the "
                     'delivery\'s request body, e.g. {"invoice": 42}. At most '
-                    f"{MAX_PAYLOAD_PROPERTIES} top-level keys and {MAX_PAYLOAD_BYTES // 1024} KiB "
-                    "serialised."
+                    f"{MAX_PAYLOAD_PROPERTIES} top-level keys, {MAX_PAYLOAD_BYTES // 1024} KiB "
+                    f"serialised and {MAX_PAYLOAD_DEPTH} levels of nesting."
                 ),
                 "maxProperties": MAX_PAYLOAD_PROPERTIES,
                 "x-kubernetes-preserve-unknown-fields": True,

@@ -23,6 +23,7 @@ rule written down in ``schedlock.operator.reassert``).
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,12 +43,28 @@ from schedlock.store import (
 )
 
 RETRIES = 20
+# The deepest JSON the API server takes (Go's encoding/json refuses more than 10,000 levels),
+# so the deepest object kopf may have to read: a ScheduledPublish whose payload nests that
+# deep can be stored while the webhook is down (failurePolicy: Ignore).
+API_MAX_DEPTH = 10_000
+# Python frames kopf spends per level of such an object: json.loads (its C decoder counts
+# against the recursion limit in Python 3.11), copy.deepcopy (two per level), kopf's diffs.
+FRAMES_PER_LEVEL = 3
 FINALIZER = "schedlock.dev/finalizer"
 ANNOTATIONS_PREFIX = "schedlock.dev"
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """kopf's own state lives under our prefix; kopf's log records post as Events at WARNING."""
+    """kopf's own state lives under our prefix; kopf's log records post as Events at WARNING.
+
+    The recursion limit is raised so that kopf reads any object the API server holds: at the
+    default (1,000) one ScheduledPublish with a payload nested ~1,000 deep made kopf's
+    json.loads raise RecursionError — in the webhook (500, so failurePolicy: Ignore admitted
+    it) and then in every list and watch of the resource, for every namespace.  Read, such an
+    object is refused by the one payload check (``spec.payload nests deeper than 32 levels``:
+    the webhook's 422, or the handlers' InvalidSpec), which walks it without recursion.
+    """
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), FRAMES_PER_LEVEL * API_MAX_DEPTH + 1_000))
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATIONS_PREFIX

@@ -9,15 +9,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from schedlock.core import identities
+from schedlock.core.payloads import PayloadError, check_payload
 from schedlock.core.scheduling import ScheduleError, parse_schedule
-from schedlock.operator.crd import DEFAULT_BACKOFF_SECONDS, DEFAULT_MAX_ATTEMPTS, MAX_PAYLOAD_BYTES
+from schedlock.operator.crd import DEFAULT_BACKOFF_SECONDS, DEFAULT_MAX_ATTEMPTS
 from schedlock.store import PublishRecord, PublishSpec, RowState, ScheduleRecord, ScheduleSpec
 
 PHASES: dict[str, str] = {state: state.title() for state in RowState}  # row state -> phase
@@ -44,17 +44,14 @@ def parse_rfc3339(text: str) -> datetime:
 
 
 def payload_problem(payload: Any) -> str | None:
-    """Why a payload is refused (None: fine). Shared by the webhook and the handlers."""
+    """Why a payload is refused (None: fine). Shared by the webhook and the handlers, and
+    the same check as the CLI's and the database's (schedlock.core.payloads)."""
     if payload is None:
         return None
-    if not isinstance(payload, dict):
-        return "spec.payload must be a JSON object"
-    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
-    if size > MAX_PAYLOAD_BYTES:
-        return (
-            f"spec.payload is {size} bytes serialised; at most {MAX_PAYLOAD_BYTES} bytes "
-            "(16 KiB) are allowed — pass a reference (an id or URL) instead of the data"
-        )
+    try:
+        check_payload(payload)
+    except PayloadError as exc:
+        return f"spec.{exc}"
     return None
 
 

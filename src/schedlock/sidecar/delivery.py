@@ -76,6 +76,20 @@ def body_for(row: FireRow, term: int, holder: str) -> dict[str, Any]:
     }
 
 
+class BodyError(ValueError):
+    """The row's request body cannot be built (its payload is not JSON-serialisable): the
+    row fails, not the term (``schedlock.sidecar.firing``)."""
+
+
+def encode_body(row: FireRow, term: int, holder: str) -> bytes:
+    """The request body; the payload was bounded when decoded (schedlock.core.payloads), so
+    json.dumps recurses at most that deep."""
+    try:
+        return json.dumps(body_for(row, term, holder), separators=(",", ":")).encode()
+    except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:
+        raise BodyError(f"the request body cannot be built: {exc}") from exc
+
+
 def sign(secret: bytes, timestamp: int, body: bytes) -> str:
     """The signature header value; apps verify it the same way (see docs/architecture.md)."""
     mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
@@ -111,7 +125,7 @@ class Deliverer:
     async def deliver(self, row: FireRow, term: int) -> Delivery:
         if self._session is None:
             raise RuntimeError("Deliverer used outside its context")
-        body = json.dumps(body_for(row, term, self.holder), separators=(",", ":")).encode()
+        body = encode_body(row, term, self.holder)
         headers = {
             "Content-Type": "application/json",
             "Idempotency-Key": idempotency_key(row.uid, row.due_at),

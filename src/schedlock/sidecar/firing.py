@@ -36,7 +36,7 @@ from schedlock.core.scheduling import (
     parse_schedule,
     plan_recurring,
 )
-from schedlock.sidecar.delivery import Deliverer
+from schedlock.sidecar.delivery import BodyError, Deliverer
 from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.target import TargetWatch
@@ -283,9 +283,51 @@ class _Term:
             )
 
     async def _fire(self, row: FireRow) -> None:
+        """Deliver one row.  A row is the unit of failure: whatever goes wrong with this row
+        (its payload, its body, a bug on its path) ends this row ``failed`` with the reason,
+        never the term, the batch or the process."""
+        try:
+            await self._fire_row(row)
+        except Exception as exc:  # the row's own failure: recorded on it, the term goes on
+            log.error(
+                "delivery task crashed",
+                exc_info=exc,
+                extra={"event": Event.DELIVERY_CRASHED, "key": str(self.key), "uid": row.uid},
+            )
+            error = str(exc) if isinstance(exc, BodyError) else f"{type(exc).__name__}: {exc}"
+            self._fail_unsent(row, f"not sent: {error}".splitlines()[0][:300])
+
+    def _fail_unsent(self, row: FireRow, error: str) -> None:
+        """End ``row`` failed without sending it; the claim's attempt is given back (a
+        crashed leader's orphan ended here had none counted)."""
+        failed = Completion(row.id, Outcome.FAILED.value, error=error, sent=not row.counted)
+        self._finish(row, failed, logging.WARNING)
+
+    def _finish(self, row: FireRow, completion: Completion, level: int = logging.INFO) -> None:
+        """Record a delivery's outcome, count it, and say so unless it published."""
+        self._record(completion)
+        self.firer.metrics.fires.labels(*self.labels, completion.outcome).inc()
+        if completion.outcome != Outcome.PUBLISHED.value:
+            self._say(
+                level,
+                Event.DELIVERY_NOT_PUBLISHED,
+                uid=row.uid,
+                attempt=row.attempt,
+                outcome=completion.outcome,
+                error=completion.error,
+            )
+
+    async def _fire_row(self, row: FireRow) -> None:
         metrics = self.firer.metrics
         if not self.leadership.lease_ok():
             return  # abandoned: stays 'firing', the next term re-fires it with the same key
+        if row.problem is not None:
+            self._fail_unsent(row, row.problem)
+            return
+        if row.attempt > row.max_attempts:
+            # Written as is by another writer (attempts already at the limit): never sent.
+            self._fail_unsent(row, f"no attempts left ({row.max_attempts} allowed)")
+            return
         now = self._db_now()
         if not row.orphan and is_past_deadline(row.due_at, row.starting_deadline_seconds, now):
             late = (now - row.due_at).total_seconds()
@@ -322,25 +364,14 @@ class _Term:
             now=self._db_now(),
             rng=self.firer.rng,
         )
-        self._record(
-            Completion(
-                row.id,
-                decision.outcome.value,
-                next_attempt_at=decision.next_attempt_at,
-                status=result.status,
-                error=decision.error,
-            )
+        outcome = Completion(
+            row.id,
+            decision.outcome.value,
+            next_attempt_at=decision.next_attempt_at,
+            status=result.status,
+            error=decision.error,
         )
-        metrics.fires.labels(*self.labels, decision.outcome.value).inc()
-        if decision.outcome is not Outcome.PUBLISHED:
-            self._say(
-                logging.INFO,
-                Event.DELIVERY_NOT_PUBLISHED,
-                uid=row.uid,
-                attempt=row.attempt,
-                outcome=decision.outcome.value,
-                error=decision.error,
-            )
+        self._finish(row, outcome)
 
     def _return_unsent(self, row: FireRow, error: str) -> None:
         """Back to ``scheduled``, due as it was, its attempt not counted: the app was away."""

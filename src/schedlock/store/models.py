@@ -54,6 +54,11 @@ class FireRow:
     starting_deadline_seconds: int | None
     db_now: datetime
     orphan: bool = False
+    problem: str | None = None
+    """Why the row must end ``failed`` without being sent (its payload cannot be read, or a
+    crashed leader's row has no attempts left); None: deliver it."""
+    counted: bool = True
+    """The claim counted an attempt for this row (False: an orphan ended without one)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,7 @@ class PublishRecord:
     last_error: str | None
     fired_at: datetime | None
     finished_at: datetime | None
+    problem: str | None = None  # why the payload could not be read (then it is {})
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.abc import Buffer
+from psycopg.adapt import AdaptersMap, Loader
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -40,7 +42,7 @@ from schedlock.store.errors import (
 )
 from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
 from schedlock.store.models import ReserveRoster
-from schedlock.store.rows import Codec, Params, Row, from_row
+from schedlock.store.rows import Codec, Params, Row, from_row, stored_payload
 from schedlock.store.verbs import LockVerbs
 
 log = logging.getLogger("schedlock.store")
@@ -56,9 +58,23 @@ def _dump_json(value: Any) -> Any:
     return Jsonb(value)
 
 
+class _JsonText(Loader):
+    """json and jsonb columns arrive as the server's text, undecoded: psycopg's own loader
+    runs json.loads inside the fetch, where one row's payload too deep or too big to decode
+    (RecursionError, MemoryError) fails the whole batch.  Each row's payload is decoded on its
+    own instead, with its bounds checked (schedlock.store.rows.stored_payload, as on SQLite)."""
+
+    def load(self, data: Buffer) -> str:
+        return bytes(data).decode("utf-8")
+
+
+ADAPTERS = AdaptersMap(psycopg.adapters)
+for _type in ("json", "jsonb"):
+    ADAPTERS.register_loader(_type, _JsonText)
+
 CODEC = Codec(
     timestamp=lambda v: v.astimezone(UTC),
-    payload=lambda v: dict(v or {}),
+    payload=stored_payload,
     dump_timestamp=lambda v: v,
     dump_json=_dump_json,
 )
@@ -144,6 +160,7 @@ def connect_kwargs(application_name: str, connect_timeout: float = 5) -> dict[st
         "autocommit": True,
         "row_factory": dict_row,
         "application_name": application_name[:63],
+        "context": ADAPTERS,
         "connect_timeout": max(1, int(connect_timeout)),
         "keepalives": 1,
         "keepalives_idle": 5,

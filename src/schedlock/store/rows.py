@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from schedlock.core.payloads import MAX_PAYLOAD_BYTES, PayloadError, parse_payload, payload_too_big
+
 Row = Mapping[str, Any]
 Params = Mapping[str, Any]
 M = TypeVar("M")
@@ -85,19 +87,42 @@ def _hints(cls: type[Any]) -> dict[str, Any]:
 
 def from_row(cls: type[M], row: Row, codec: Codec) -> M:
     """The model ``cls`` from a row whose columns are named after its fields (a field the row
-    lacks keeps its default)."""
+    lacks keeps its default).
+
+    A row is the unit of failure: a payload that cannot be decoded (too big, too deep, not
+    JSON: :func:`schedlock.core.payloads.parse_payload`) fails that row alone.  A model with a
+    ``problem`` field gets the reason there and an empty payload (the leader ends such a row
+    ``failed``); any other raises PayloadError for that row only.  A query that may leave an
+    oversized payload out (claims) says its size in ``payload_bytes``.
+    """
     hints = _hints(cls)
-    values = {
-        f.name: codec.decode(hints[f.name], row[f.name])
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        if f.name in row
-    }
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in row:
+            continue
+        try:
+            values[f.name] = codec.decode(hints[f.name], row[f.name])
+        except PayloadError as exc:
+            if f.name != "payload" or "problem" not in hints:
+                raise
+            values[f.name], values["problem"] = {}, str(exc)
+    if "problem" in hints and row.get("payload_bytes") is not None:
+        size = int(row["payload_bytes"])
+        if size > MAX_PAYLOAD_BYTES:  # the query left the payload out: too big to fetch
+            values["payload"], values["problem"] = {}, str(payload_too_big(size))
     return cls(**values)
 
 
 def fields_of(model: Any) -> dict[str, Any]:
     """A model's fields as query parameters (shallow: a payload stays one parameter)."""
     return {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+
+
+def stored_payload(value: Any) -> dict[str, Any]:
+    """A payload column as both dialects hand it over: the database's own JSON text (the
+    PostgreSQL connector loads json/jsonb as text, see ``schedlock.store.postgres``), decoded
+    here with its bounds checked, one row at a time."""
+    return parse_payload(value, stored=True)
 
 
 def text_timestamp(value: Any) -> datetime:

@@ -25,22 +25,30 @@ from schedlock.store.errors import StoreError, StoreUnavailable
 from schedlock.store.keys import LockKey
 from schedlock.store.migrations import split_statements
 from schedlock.store.models import ReserveRoster
-from schedlock.store.rows import Codec, Params, Row, iso, text_timestamp
+from schedlock.store.rows import Codec, Params, Row, iso, stored_payload, text_timestamp
 from schedlock.store.verbs import LockVerbs
 
 T = TypeVar("T")
 SQLITE_HOLDER = "sqlite-leader"
 CODEC = Codec(
     timestamp=text_timestamp,
-    payload=lambda v: dict(json.loads(v or "{}")),
+    payload=stored_payload,
     dump_timestamp=iso,
-    dump_json=json.dumps,
+    # As PostgreSQL prints jsonb (", " and ": ", characters unescaped): the stored text's
+    # length is the payload's size that migration 0007's triggers bound.
+    dump_json=lambda v: json.dumps(v, ensure_ascii=False),
 )
 
 
 @cache
 def _statements(name: str) -> tuple[str, ...]:
     return tuple(split_statements(queries.load("sqlite")[name] + ";"))
+
+
+def _octet_length(value: str | bytes | None) -> int | None:
+    if value is None:
+        return None
+    return len(value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value)
 
 
 def path_of(url: str) -> str:
@@ -86,6 +94,8 @@ class _Database:
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA busy_timeout=30000")
             conn.create_function("now", 0, lambda: self.clock)
+            # PostgreSQL's (SQLite has it from 3.43 only), for the queries both dialects share.
+            conn.create_function("octet_length", 1, _octet_length, deterministic=True)
             self._conn = conn
         return self._conn
 

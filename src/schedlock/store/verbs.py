@@ -9,6 +9,7 @@ the models it returns, the fencing checks on the answers — is here, the same f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
@@ -16,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from schedlock.core.logs import Event
+from schedlock.core.payloads import MAX_PAYLOAD_BYTES
 from schedlock.store import models
 from schedlock.store.contract import HeldLock, LockSession, Maintenance, Sessions
 from schedlock.store.errors import LeadershipLost, StoreError, schema_too_new
@@ -39,6 +41,14 @@ M = TypeVar("M")
 # now() may commit after it (re-reading is harmless, syncing is idempotent).
 SWEEP_OVERLAP = timedelta(seconds=5)
 SWEEP_PAGE = 500  # rows per read of the sweep
+
+
+def orphan_exhausted(row: models.FireRow) -> str:
+    """Why an orphan with no attempts left is not fired again (its ``last_error``)."""
+    return (
+        f"attempt {row.attempt} of {row.max_attempts} was cut off: its leader ended during the "
+        "delivery (crashed or lost its lease); no attempts left, so it is not fired again"
+    )
 
 
 class Session(Protocol):
@@ -127,15 +137,22 @@ class LockVerbs:
             await self.close()
 
     async def adopt_orphans(self, term: int) -> list[models.FireRow]:
-        found = await self._fetch("adopt_orphans", self._params(term=term))
-        return [from_row(models.FireRow, r, self.codec) for r in found]
+        """An earlier term's rows left ``firing``: those with attempts left, to fire again, and
+        those without, each with its ``problem`` (the leader ends them ``failed``)."""
+        params = self._params(term=term, max_payload_bytes=MAX_PAYLOAD_BYTES)
+        exhausted = [
+            from_row(models.FireRow, r, self.codec)
+            for r in await self._fetch("exhausted_orphans", params)
+        ]
+        found = await self._fetch("adopt_orphans", params)
+        return [
+            *(dataclasses.replace(row, problem=orphan_exhausted(row)) for row in exhausted),
+            *(from_row(models.FireRow, r, self.codec) for r in found),
+        ]
 
     async def claim_due(self, term: int, limit: int) -> models.ClaimResult:
-        found = (
-            await self._fetch("claim_due", self._params(term=term, limit=limit))
-            if limit > 0
-            else []
-        )
+        params = self._params(term=term, limit=limit, max_payload_bytes=MAX_PAYLOAD_BYTES)
+        found = await self._fetch("claim_due", params) if limit > 0 else []
         next_due_in: float | None = None
         if len(found) < limit or limit == 0:
             next_due_in = (await self._one("next_due", self._params()))["next_due_in"]
@@ -178,6 +195,7 @@ class LockVerbs:
             "schedule_id": schedule_id,
             "slot_uid": slot_uid,
             "slot_at": slot_at,
+            "max_payload_bytes": MAX_PAYLOAD_BYTES,
         }
         return await self._execute("insert_slot", params) == 1
 

@@ -29,16 +29,35 @@ WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
   AND term = :term;
 
 -- name: adopt_orphans
--- Rows left in 'firing' by an earlier term: fire them again (same idempotency key).
+-- Rows left in 'firing' by an earlier term with attempts left: fire them again (same
+-- idempotency key).  The payload is left out when over the limit, as claim_due does.
 UPDATE schedlock_publishes
 SET term = :term, holder = :holder, attempts = attempts + 1, fired_at = now(), updated_at = now()
 WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
-  AND state = 'firing' AND term < :term
+  AND state = 'firing' AND term < :term AND attempts < max_attempts
   AND EXISTS (SELECT 1 FROM schedlock_terms t
               WHERE t.scheduler = :scheduler AND t.namespace = :namespace
                 AND t.target = :target AND t.term = :term)
-RETURNING id, uid, namespace, name, target, due_at, payload, attempts AS attempt, max_attempts,
+RETURNING id, uid, namespace, name, target, due_at,
+          CASE WHEN octet_length(CAST(payload AS text)) <= :max_payload_bytes THEN payload END AS payload,
+          octet_length(CAST(payload AS text)) AS payload_bytes, attempts AS attempt, max_attempts,
           backoff_seconds, starting_deadline_seconds, now() AS db_now, true AS orphan;
+
+-- name: exhausted_orphans
+-- Rows left in 'firing' by an earlier term whose last attempt was that delivery: max_attempts
+-- holds across crashes too, so they are not fired again.  Taken into this term (no attempt
+-- counted) for the leader to end them 'failed' through `complete`, fenced and notified like
+-- every outcome: a row that keeps killing its leader is quarantined after max_attempts.
+UPDATE schedlock_publishes
+SET term = :term, holder = :holder, updated_at = now()
+WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
+  AND state = 'firing' AND term < :term AND attempts >= max_attempts
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = :scheduler AND t.namespace = :namespace
+                AND t.target = :target AND t.term = :term)
+RETURNING id, uid, namespace, name, target, due_at, '{}' AS payload, attempts AS attempt,
+          max_attempts, backoff_seconds, starting_deadline_seconds, now() AS db_now,
+          true AS orphan, false AS counted;
 
 -- name: due_schedules
 SELECT id, uid, namespace, name, target, expression, time_zone, starting_deadline_seconds,
@@ -51,6 +70,8 @@ LIMIT :limit;
 
 -- name: insert_slot
 -- Slot identity is unique per (schedule, slot time): the uid is schedule uid @ slot time.
+-- A schedule whose payload is over the bound (older than migration 0007, whose trigger would
+-- refuse the slot and with it the key's whole wake-up) gets no slot.
 INSERT INTO schedlock_publishes (scheduler, namespace, name, uid, generation, schedule_id, target,
                                  due_at, next_attempt_at, payload, max_attempts, backoff_seconds,
                                  starting_deadline_seconds, created_at, updated_at)
@@ -58,7 +79,7 @@ SELECT 'recurring', s.namespace, s.name, :slot_uid, s.generation, s.id, s.target
        :slot_at, :slot_at, s.payload, s.max_attempts, s.backoff_seconds,
        s.starting_deadline_seconds, now(), now()
 FROM schedlock_schedules s
-WHERE s.id = :schedule_id
+WHERE s.id = :schedule_id AND octet_length(CAST(s.payload AS text)) <= :max_payload_bytes
   AND EXISTS (SELECT 1 FROM schedlock_terms t
               WHERE t.scheduler = 'recurring' AND t.namespace = s.namespace
                 AND t.target = s.target AND t.term = :term)

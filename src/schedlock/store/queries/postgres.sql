@@ -164,7 +164,11 @@ WHERE p.id = due.id
   AND EXISTS (SELECT 1 FROM schedlock_terms t
               WHERE t.scheduler = p.scheduler AND t.namespace = p.namespace
                 AND t.target = p.target AND t.term = %(term)s)
-RETURNING p.id, p.uid, p.namespace, p.name, p.target, p.due_at, p.payload, p.attempts AS attempt,
+-- A payload over the limit (a row older than migration 0007's NOT VALID check, or written around
+-- it) is left out and only its size returned: the leader fails that row without fetching it.
+RETURNING p.id, p.uid, p.namespace, p.name, p.target, p.due_at,
+          CASE WHEN octet_length(p.payload::text) <= %(max_payload_bytes)s THEN p.payload END AS payload,
+          octet_length(p.payload::text) AS payload_bytes, p.attempts AS attempt,
           p.max_attempts, p.backoff_seconds, p.starting_deadline_seconds, now() AS db_now, false AS orphan;
 
 -- name: next_due

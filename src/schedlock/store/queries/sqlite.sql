@@ -48,7 +48,9 @@ WHERE id IN (
   AND EXISTS (SELECT 1 FROM schedlock_terms t
               WHERE t.scheduler = :scheduler AND t.namespace = :namespace
                 AND t.target = :target AND t.term = :term)
-RETURNING id, uid, namespace, name, target, due_at, payload, attempts AS attempt, max_attempts,
+RETURNING id, uid, namespace, name, target, due_at,
+          CASE WHEN length(CAST(payload AS BLOB)) <= :max_payload_bytes THEN payload END AS payload,
+          length(CAST(payload AS BLOB)) AS payload_bytes, attempts AS attempt, max_attempts,
           backoff_seconds, starting_deadline_seconds, now() AS db_now, false AS orphan;
 
 -- name: next_due

@@ -1,0 +1,3 @@
+-- loses data: no (a bound only: every row stays)
+-- 0007 payload limit, undone: each dialect's part drops what it added
+-- (0007_payload_limit.down.postgres.sql, 0007_payload_limit.down.sqlite.sql).

@@ -1,0 +1,9 @@
+-- additive: yes (a bound on new writes: binaries of schema 6 run unchanged on it; a payload over it was refused by their own checks already, unless written around them)
+-- 0007 payload limit: the size bound of schedlock.core.payloads.MAX_PAYLOAD_BYTES (16 KiB of
+-- the payload's JSON as the database prints it), held by the database for every writer: the
+-- operator, the CLI, another tool or a hand-written INSERT.  Each dialect adds it its own way,
+-- as triggers on insert and on an update of the payload (0007_payload_limit.postgres.sql says
+-- why not a CHECK; SQLite cannot add a CHECK to an existing table at all); the number is
+-- written in both, and tests/unit/test_payloads.py checks it against the constant.  Rows
+-- written before this migration are not checked: the leader fails an oversized one without
+-- fetching its payload (claim_due and adopt_orphans return its size instead).
