@@ -381,3 +381,18 @@ def test_schedule_refuses_what_the_cluster_refuses(migrated_database: str) -> No
 def test_sidecar_target_url_is_checked_at_start(url: str, says: str) -> None:
     result = run("sidecar", env={**GOOD, "SCHEDLOCK_TARGET_URL": url})
     one_line_error(result, 2, "--target-url / SCHEDLOCK_TARGET_URL: ", says, command="sidecar")
+
+
+@pytest.mark.parametrize(
+    ("manifest", "says"),
+    [
+        ("kind: Pod\nmetadata: [a]\n", "document 1 (Pod): metadata is an array, not an object"),
+        ("kind: Deployment\nspec: {template: x}\n", "spec.template is a string, not an object"),
+        ("[" * 3000, "the manifests are nested too deep to be read"),
+        ("a: " + "1" * 5000 + "\n", "the manifests hold a value that cannot be read"),
+    ],
+)
+def test_inject_of_a_malformed_manifest_is_one_line(manifest: str, says: str) -> None:
+    result = run("inject", stdin=manifest)
+    one_line_error(result, 2, says, command="inject")
+    assert result.stdout == ""
