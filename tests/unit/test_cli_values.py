@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from schedlock.cli import main
 from schedlock.cli.admin import MAX_AT_YEARS, _schedule, parse_name, parse_time, read_payload
-from schedlock.core.payload import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_TEXT_CHARS
+from schedlock.core.payloads import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_TEXT
 from schedlock.core.settings import SettingError, flag_value, one_line
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -113,13 +113,19 @@ def payload(raw: str, stdin: bytes = b"") -> Any:
 @pytest.mark.parametrize(
     ("raw", "says"),
     [
-        ('{"a":' * 900 + "{}" + "}" * 900, "--payload: is nested more than 32 deep"),
-        ('{"a": "\\u0000"}', "--payload: has a string with a NUL character (\\u0000)"),
-        ('{"a": NaN}', "--payload: holds NaN, which is not JSON"),
-        ('{"a": "\\ud83d"}', "--payload: has a string with a lone surrogate"),
-        ('{"a": ' + "1" * 5000 + "}", "--payload: holds an integer of more than 4300 digits"),
-        ('{"a": "' + "x" * 120_000 + '"}', "--payload: is 120008 bytes serialised; at most 16384"),
-        ("[1]", "--payload: must be a JSON object, got an array"),
+        ('{"a":' * 900 + "{}" + "}" * 900, "--payload: payload nests deeper than 32 levels"),
+        ('{"a": "\\u0000"}', "--payload: payload string holds a NUL character (\\u0000)"),
+        ('{"a": NaN}', "--payload: payload holds NaN, which JSON cannot carry"),
+        ('{"a": "\\ud83d"}', "--payload: payload string holds a lone UTF-16 surrogate"),
+        (
+            '{"a": ' + "1" * 5000 + "}",
+            "--payload: payload cannot be read: Exceeds the limit (4300 digits)",
+        ),
+        (
+            '{"a": "' + "x" * 120_000 + '"}',
+            "--payload: payload is 120009 bytes as JSON; at most 16384",
+        ),
+        ("[1]", "--payload: payload must be a JSON object, got array"),
         ("@/no/such/file.json", "--payload: cannot read the payload file '/no/such/file.json': No"),
         ("@", "--payload: cannot read the payload file ''"),
         ("@/tmp", "Is a directory"),
@@ -140,9 +146,11 @@ def test_payload_from_a_file_and_from_stdin(tmp_path: Path) -> None:
     assert payload("-", b'\xef\xbb\xbf{"bom": 1}') == {"bom": 1}  # an editor's byte-order mark
     assert payload('{"literal": "@not-a-file"}') == {"literal": "@not-a-file"}
     file.write_text(json.dumps({"text": "y" * MAX_PAYLOAD_BYTES}))
-    assert "--payload: is 16395 bytes serialised" in refused("--payload", f"@{file}", payload)
+    assert "--payload: payload is 16396 bytes as JSON" in refused("--payload", f"@{file}", payload)
     one_mb = b'{"a": "' + b"z" * 1_000_000 + b'"}'
-    assert "is 1000008 bytes serialised" in refused("--payload", "-", lambda r: payload(r, one_mb))
+    assert f"standard input holds more than {MAX_PAYLOAD_TEXT} bytes" in refused(
+        "--payload", "-", lambda r: payload(r, one_mb)
+    )
     file.write_bytes(b'{"a": "\xff"}')
     assert f"--payload: {str(file)!r} is not UTF-8 text (byte 7)" in refused(
         "--payload", f"@{file}", payload
@@ -152,8 +160,8 @@ def test_payload_from_a_file_and_from_stdin(tmp_path: Path) -> None:
 def test_payload_input_is_read_bounded() -> None:
     """An endless file (/dev/zero) or stream ends with one line, not with memory."""
     line = refused("--payload", "@/dev/zero", payload)
-    assert f"holds more than {MAX_PAYLOAD_TEXT_CHARS} bytes" in line
-    endless = b" " * (MAX_PAYLOAD_TEXT_CHARS + 10)
+    assert f"holds more than {MAX_PAYLOAD_TEXT} bytes" in line
+    endless = b" " * (MAX_PAYLOAD_TEXT + 10)
     assert "standard input holds more than" in refused(
         "--payload", "-", lambda r: payload(r, endless)
     )

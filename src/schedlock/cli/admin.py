@@ -20,10 +20,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO, TypeVar
 
 from schedlock.core.identities import parse_rfc3339, rfc3339
-from schedlock.core.payload import (
+from schedlock.core.payloads import (
     MAX_PAYLOAD_BYTES,
     MAX_PAYLOAD_DEPTH,
-    MAX_PAYLOAD_TEXT_CHARS,
+    MAX_PAYLOAD_TEXT,
     parse_payload,
 )
 from schedlock.core.scheduling import parse_schedule
@@ -96,7 +96,8 @@ def read_payload(raw: str, stdin: BinaryIO | None = None) -> dict[str, Any]:
     """``--payload``: JSON text, ``@FILE`` (the JSON in a file) or ``-`` (from standard input).
 
     Neither form starts valid JSON, so a literal payload is never read as a file name. The
-    text read is bounded like :func:`parse_payload` bounds it, so ``@/dev/zero`` ends too.
+    text read is bounded as :func:`parse_payload` bounds it, so ``@/dev/zero`` ends too; the
+    checks are the ones every writer shares (``schedlock.core.payloads``).
     """
     if raw == "-":
         where = "standard input"
@@ -104,21 +105,21 @@ def read_payload(raw: str, stdin: BinaryIO | None = None) -> dict[str, Any]:
             if sys.stdin is None:  # started with standard input closed
                 raise ValueError("'-' reads standard input, and there is none")
             stdin = sys.stdin.buffer
-        data = stdin.read(MAX_PAYLOAD_TEXT_CHARS + 1)
+        data = stdin.read(MAX_PAYLOAD_TEXT + 1)
     elif raw.startswith("@"):
         where = quoted(raw[1:], SHOWN_PATH_CHARS)
         try:
             with open(raw[1:], "rb") as file:
-                data = file.read(MAX_PAYLOAD_TEXT_CHARS + 1)
+                data = file.read(MAX_PAYLOAD_TEXT + 1)
         except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "bad name"
             raise ValueError(f"cannot read the payload file {where}: {reason}") from None
     else:
         return parse_payload(raw)
-    if len(data) > MAX_PAYLOAD_TEXT_CHARS:
+    if len(data) > MAX_PAYLOAD_TEXT:
         raise ValueError(
-            f"{where} holds more than {MAX_PAYLOAD_TEXT_CHARS} bytes; a payload is at most "
-            f"{MAX_PAYLOAD_BYTES} bytes serialised"
+            f"{where} holds more than {MAX_PAYLOAD_TEXT} bytes; a payload is at most "
+            f"{MAX_PAYLOAD_BYTES} bytes as JSON"
         )
     try:
         text = data.decode("utf-8-sig")  # an editor's byte-order mark is not part of the JSON
@@ -362,7 +363,7 @@ def _row_arguments(parser: argparse.ArgumentParser, fires: str, deadline: str) -
         default="{}",
         metavar="JSON",
         help=f"JSON object passed to the app; @FILE reads it from a file, - from standard input "
-        f"(at most {MAX_PAYLOAD_BYTES // 1024} KiB serialised, {MAX_PAYLOAD_DEPTH} levels deep)",
+        f"(at most {MAX_PAYLOAD_BYTES // 1024} KiB as JSON, {MAX_PAYLOAD_DEPTH} levels deep)",
     )
     parser.add_argument(
         "--name",

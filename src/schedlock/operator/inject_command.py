@@ -26,7 +26,6 @@ from typing import Any
 
 import yaml
 
-from schedlock.core.payload import kind_of
 from schedlock.core.settings import (
     EXIT_BAD_SETTING,
     CommandError,
@@ -34,7 +33,12 @@ from schedlock.core.settings import (
     build,
     one_line,
 )
-from schedlock.operator.injection import InjectionConfig, ManifestError, inject_manifest
+from schedlock.operator.injection import (
+    InjectionConfig,
+    ManifestError,
+    inject_manifest,
+    json_type,
+)
 from schedlock.operator.settings import InjectionSettings
 
 # The operator's injection settings this command takes, under its own (shorter) flags.
@@ -117,7 +121,7 @@ def inject_document(doc: Any, number: int, config: InjectionConfig, warnings: li
             return inject_manifest(doc, config, warnings)
         items = doc.get("items")
         if items is not None and not isinstance(items, list):
-            raise ManifestError(f"items is {kind_of(items)}, not an array")
+            raise ManifestError(f"items is {json_type(items)}, not an array")
         result = []
         for n, item in enumerate(items or [], 1):
             try:

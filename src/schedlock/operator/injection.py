@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedlock import __version__
-from schedlock.core.payload import kind_of
 from schedlock.core.settings import check_url, dns_label, http_url, quoted
 from schedlock.core.timings import DEFAULT_LEASE_SECONDS, LeaseTimings
 
@@ -100,7 +99,7 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ManifestError(f"{where} is {kind_of(value)}, not an object")
+        raise ManifestError(f"{where} is {json_type(value)}, not an object")
     return value
 
 
@@ -109,8 +108,18 @@ def _mappings(value: Any, where: str) -> list[Mapping[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise ManifestError(f"{where} is {kind_of(value)}, not an array")
+        raise ManifestError(f"{where} is {json_type(value)}, not an array")
     return [_mapping(item, f"{where}[{n}]") for n, item in enumerate(value)]
+
+
+def json_type(value: Any) -> str:
+    """What a decoded manifest value is, as an error names it ("an array", "a string"…)."""
+    for cls, name in ((bool, "a boolean"), (dict, "an object"), (list, "an array")):
+        if isinstance(value, cls):
+            return name
+    if isinstance(value, int | float):
+        return "a number"
+    return "a string" if isinstance(value, str) else "null" if value is None else "a value"
 
 
 def check_pod_shape(metadata: Any, spec: Any, prefix: str = "") -> None:
