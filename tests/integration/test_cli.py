@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import pytest
 
 from schedlock.core.settings import specs
 from schedlock.sidecar.settings import SidecarSettings
+from schedlock.store import PublishRecord, open_store
 from schedlock.store.migrations import latest_id
 from testbed.sidecars import SidecarProcess, wait_for
 
@@ -24,7 +26,7 @@ GOOD = {
 
 
 def run(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")}
     return subprocess.run(
@@ -34,6 +36,7 @@ def run(
         text=True,
         timeout=timeout,
         check=False,
+        input=stdin,
     )
 
 
@@ -173,13 +176,17 @@ def test_migrate_publish_status_round_trip(migrated_database: str) -> None:
     assert run("status", env=env).stdout.startswith("no lock keys yet")
 
 
-def one_line_error(result: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+def one_line_error(
+    result: subprocess.CompletedProcess[str], code: int, *words: str, command: str = "migrate"
+) -> str:
+    """The one line of a refusal (exit ``code``, nothing else on stderr, no traceback)."""
     assert result.returncode == code, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert lines[0].startswith("schedlock migrate: error: ")
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[:2000]
+    assert lines[0].startswith(f"schedlock {command}: error: ")
     for word in words:
-        assert word in lines[0]
+        assert word in lines[0], lines[0]
+    return lines[0]
 
 
 @pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
@@ -271,3 +278,127 @@ def test_bad_operator_setting_is_one_line_and_exit_2(env_name: str) -> None:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("schedlock operator: error: --")
     assert allowed in lines[0]
+
+
+# -- issue 21: the attacks on publish/schedule/sidecar/inject, each with the line it now gives --
+
+DEEP = '{"a":' * 900 + "{}" + "}" * 900
+PUBLISH_ATTACKS: dict[str, tuple[list[str], str]] = {
+    "nested 900 deep": (["--payload", DEEP], "--payload: payload nests deeper than 32 levels"),
+    "at +99999999999h": (["--at", "+99999999999h"], "--at: must be at most 100 years from now"),
+    "at year 9999 minus an offset": (
+        ["--at", "9999-12-31T23:59:59-23:00"],
+        "--at: must be within 100 years of now",
+    ),
+    "NUL": (["--payload", '{"a": "\\u0000"}'], "--payload: payload string holds a NUL character"),
+    "NaN": (["--payload", '{"a": NaN}'], "--payload: payload holds NaN, which JSON cannot carry"),
+    "Infinity": (
+        ["--payload", '{"a": 1e999}'],
+        "--payload: payload holds inf, which JSON cannot carry",
+    ),
+    "lone surrogate": (
+        ["--payload", '{"a": "\\udc00"}'],
+        "--payload: payload string holds a lone UTF-16 surrogate",
+    ),
+    "5000-digit integer": (
+        ["--payload", '{"a": ' + "7" * 5000 + "}"],
+        "--payload: payload cannot be read: Exceeds the limit (4300 digits)",
+    ),
+    "120 KB": (
+        ["--payload", '{"a": "' + "x" * 120_000 + '"}'],
+        "--payload: payload is 120009 bytes as JSON; at most 16384 bytes (16 KiB) are allowed",
+    ),
+    "name of 100 KB": (["--name", "n" * 100_000], "--name: must be 1 to 253 printable characters"),
+    "name with escapes": (
+        ["--name", "job\x1b]0;owned\x07"],
+        "--name: must be 1 to 253 printable characters, got 'job\\x1b]0;owned\\x07'",
+    ),
+    "name with an undecodable byte": (["--name", "a\udcffb"], "--name: must be 1 to 253"),
+    "attempts of 5000 digits": (["--max-attempts", "9" * 5000], "(5000 characters)"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(PUBLISH_ATTACKS))
+def test_publish_attack_is_one_line_and_exit_2(migrated_database: str, attack: str) -> None:
+    extra, line = PUBLISH_ATTACKS[attack]
+    args = {"--target": "billing", "--at": "+1h", **dict(zip(extra[::2], extra[1::2], strict=True))}
+    result = run(
+        "publish",
+        *[part for pair in args.items() for part in pair],
+        env={"SCHEDLOCK_DATABASE_URL": migrated_database},
+    )
+    shown = one_line_error(result, 2, line, command="publish")
+    assert len(shown) < 400  # the value is cut, not echoed whole
+
+
+def test_payload_from_a_file_or_stdin_lands_whole(migrated_database: str, tmp_path: Path) -> None:
+    """--payload @FILE and - carry what argv cannot (pretty-printed, 16 KiB), not more."""
+    env = {"SCHEDLOCK_DATABASE_URL": migrated_database}
+    payload = {"invoice": 42, "lines": ["x" * 100] * 150, "note": "é😀"}
+    file = tmp_path / "payload.json"
+    file.write_text(json.dumps(payload, indent=4))
+    base = ["publish", "--target", "billing", "--at", "+1h"]
+    from_file = run(*base, "--payload", f"@{file}", env=env)
+    from_stdin = run(*base, "--payload", "-", env=env, stdin=json.dumps(payload))
+    for result in (from_file, from_stdin):
+        assert result.returncode == 0, result.stderr
+        uid = json.loads(result.stdout)["uid"]
+        record = asyncio.run(_get_publish(migrated_database, uid))
+        assert record is not None and record.payload == payload
+    one_mb = '{"a": "' + "z" * 1_000_000 + '"}'
+    file.write_text(one_mb)
+    for result in (
+        run(*base, "--payload", f"@{file}", env=env),
+        run(*base, "--payload", "-", env=env, stdin=one_mb),
+    ):
+        one_line_error(result, 2, "holds more than 65536 bytes", command="publish")
+    missing = run(*base, "--payload", "@/no/such.json", env=env)
+    one_line_error(missing, 2, "cannot read the payload file '/no/such.json'", command="publish")
+
+
+async def _get_publish(url: str, uid: str) -> PublishRecord | None:
+    store = open_store(url)
+    try:
+        return await store.get_publish(uid)
+    finally:
+        await store.close()
+
+
+def test_schedule_refuses_what_the_cluster_refuses(migrated_database: str) -> None:
+    env = {"SCHEDLOCK_DATABASE_URL": migrated_database}
+    base = ["schedule", "--target", "billing"]
+    long_cron = run(*base, "--cron", "* " * 5000, env=env)
+    one_line_error(long_cron, 2, "--cron is", "at most 128", command="schedule")
+    zone = run(*base, "--cron", "@daily", "--time-zone", "Europe/" + "x" * 5000, env=env)
+    one_line_error(zone, 2, "--time-zone is", "at most 64", command="schedule")
+    deep = run(*base, "--cron", "@daily", "--payload", "[" * 3000, env=env)
+    one_line_error(deep, 2, "--payload: payload nests deeper than 32 levels", command="schedule")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://127.0.0.1:99999/hook", "port from 1 to 65535, got 'http://127.0.0.1:99999/hook'"),
+        ("http://127.0.0.1:abc/hook", "port from 1 to 65535"),
+        ("abc", "must be an http:// or https:// URL"),
+        ("http://[::1/hook", "with a host"),
+    ],
+)
+def test_sidecar_target_url_is_checked_at_start(url: str, says: str) -> None:
+    result = run("sidecar", env={**GOOD, "SCHEDLOCK_TARGET_URL": url})
+    one_line_error(result, 2, "--target-url / SCHEDLOCK_TARGET_URL: ", says, command="sidecar")
+
+
+@pytest.mark.parametrize(
+    ("manifest", "says"),
+    [
+        ("kind: Pod\nmetadata: [a]\n", "document 1 (Pod): metadata is an array, not an object"),
+        ("kind: Deployment\nspec: {template: x}\n", "spec.template is a string, not an object"),
+        ("[" * 3000, "the manifests are nested too deep to be read"),
+        ("a: " + "1" * 5000 + "\n", "the manifests hold a value that cannot be read"),
+    ],
+)
+def test_inject_of_a_malformed_manifest_is_one_line(manifest: str, says: str) -> None:
+    result = run("inject", stdin=manifest)
+    one_line_error(result, 2, says, command="inject")
+    assert result.stdout == ""

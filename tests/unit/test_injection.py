@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from schedlock.cli import main
 from schedlock.core.settings import SettingError, build
@@ -17,6 +20,7 @@ from schedlock.operator.injection import (
     CONTAINER_NAME,
     LABEL_INJECTED,
     InjectionConfig,
+    ManifestError,
     SecretRef,
     inject_manifest,
     inject_pod,
@@ -329,3 +333,229 @@ def test_the_operator_refuses_a_sidecar_lease_the_sidecar_would_refuse() -> None
         build(OperatorSettings, None, {**url, "SCHEDLOCK_SIDECAR_LEASE_SECONDS": "1"})
     with pytest.raises(ValueError, match="from 2 to 300"):
         InjectionConfig(lease_seconds=1)
+
+
+# ------------------------------------------------------- malformed manifests and annotations
+
+
+def inject_stdin(
+    text: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    code = main(["inject"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("manifest", "line"),
+    [
+        (
+            "kind: Pod\nmetadata: [a, b]\n",
+            "document 1 (Pod): metadata is an array, not an object",
+        ),
+        (
+            "kind: Deployment\nmetadata: {name: web}\nspec: {template: [1]}\n",
+            "document 1 (Deployment): spec.template is an array, not an object",
+        ),
+        (
+            "kind: CronJob\nmetadata: {name: c}\nspec: {jobTemplate: {spec: 3}}\n",
+            "document 1 (CronJob): spec.jobTemplate.spec is a number, not an object",
+        ),
+        (
+            "kind: Pod\nmetadata: {name: p, annotations: [x]}\n",
+            "document 1 (Pod): metadata.annotations is an array, not an object",
+        ),
+        (
+            "kind: Pod\nmetadata: {name: p}\nspec: {containers: [app]}\n",
+            "document 1 (Pod): spec.containers[0] is a string, not an object",
+        ),
+        (
+            "kind: Pod\nmetadata: {name: p}\n---\nkind: Job\nspec: {template: {spec: {volumes: 1}}}",
+            "document 2 (Job): spec.template.spec.volumes is a number, not an array",
+        ),
+        (
+            "kind: List\nitems: {a: 1}\n",
+            "document 1 (List): items is an object, not an array",
+        ),
+        (
+            "kind: List\nitems: [{kind: Pod}, {kind: Pod, metadata: x}]\n",
+            "document 1 (List): item 2: metadata is a string, not an object",
+        ),
+        ("[" * 1200, "the manifests are nested too deep to be read"),
+        ("a: " + "9" * 5000, "the manifests hold a value that cannot be read: Exceeds the limit"),
+        ("a: 2026-02-30\n", "the manifests hold a value that cannot be read: day is out of range"),
+        ("a: [1, 2\n", "the manifests are not YAML: expected ',' or ']', but got '<stream end>'"),
+        ("a: b\n\x07", "the manifests are not YAML text: special characters are not allowed at"),
+    ],
+)
+def test_a_malformed_manifest_is_one_line_and_exit_2(
+    manifest: str, line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = inject_stdin(manifest, monkeypatch, capsys)
+    assert code == 2 and out == "", err
+    assert err.count("\n") == 1 and err.startswith("schedlock inject: error: "), err
+    assert line in err
+
+
+def test_a_manifest_file_that_is_not_utf8_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_bytes(b"kind: Pod\nmetadata: {name: \xff}\n")
+    assert main(["inject", "-f", str(manifest)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("schedlock inject: error: the manifests are not YAML text: invalid")
+    assert main(["inject", "-f", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read the manifests: No such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("annotations", "says"),
+    [
+        ({"schedlock.dev/target": "Billing_App"}, "schedlock.dev/target must be a DNS label"),
+        ({"schedlock.dev/target-url": "http://127.0.0.1:99999/x"}, "port from 1 to 65535"),
+        ({"schedlock.dev/target-url": "abc"}, "schedlock.dev/target-url must be an http://"),
+        ({"schedlock.dev/database-secret": "Bad_Secret"}, "must name a Secret (a DNS subdomain)"),
+    ],
+)
+def test_an_annotation_the_sidecar_would_refuse_means_no_sidecar(
+    annotations: dict[str, str], says: str
+) -> None:
+    """A sidecar that would exit 2 at start (or a pod the API server refuses) is never made:
+    the webhook and `schedlock inject` warn instead."""
+    p = opted_in(**annotations)
+    reason = refusal(p["metadata"], CONFIG)
+    assert reason is not None and says in reason and reason.endswith("not injected")
+    assert inject_pod(p["metadata"], p["spec"], CONFIG) is None
+
+
+def test_a_label_target_the_sidecar_would_refuse_means_no_sidecar() -> None:
+    p = pod({"schedlock.dev/inject": "true"}, {"app.kubernetes.io/name": "x" * 64})
+    assert (refusal(p["metadata"], CONFIG) or "").startswith("app.kubernetes.io/name must be")
+
+
+def test_a_warning_with_control_characters_is_escaped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = opted_in(**{"schedlock.dev/target": "x\x1b[31m"})
+    p["metadata"]["name"] = "evil\nname"
+    code, _, err = inject_stdin(yaml.safe_dump(p), monkeypatch, capsys)
+    assert code == 0 and err.count("\n") == 1 and "\x1b" not in err
+    assert err.startswith("schedlock inject: warning: Pod/evil name: schedlock.dev/target")
+
+
+SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+SHAPES = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "metadata",
+                    "spec",
+                    "template",
+                    "jobTemplate",
+                    "annotations",
+                    "labels",
+                    "name",
+                    "containers",
+                    "initContainers",
+                    "volumes",
+                    "securityContext",
+                    "items",
+                    "kind",
+                ]
+            )
+            | st.text(max_size=4),
+            inner,
+            max_size=5,
+        )
+    ),
+    max_leaves=12,
+)
+ANNOTATION_VALUES = (
+    st.sampled_from(["true", "True", "", "billing", "Bad_Name", "http://h:99999/", "n/k", "a b"])
+    | SCALARS
+)
+
+
+@st.composite
+def manifests(draw: st.DrawFn) -> dict[str, Any]:
+    """A Pod, workload or List whose fields are any shape, and whose annotations any value."""
+    kind = draw(st.sampled_from(["Pod", "Deployment", "CronJob", "Job", "List", "Service", None]))
+    doc: dict[str, Any] = {
+        "kind": kind,
+        **draw(st.dictionaries(st.sampled_from(["metadata", "spec", "items"]), SHAPES, max_size=3)),
+    }
+    if draw(st.booleans()):  # opted in, so the annotation parsing is reached
+        annotations = draw(
+            st.dictionaries(
+                st.sampled_from(
+                    [
+                        "schedlock.dev/inject",
+                        "schedlock.dev/target",
+                        "schedlock.dev/target-url",
+                        "schedlock.dev/target-ready-url",
+                        "schedlock.dev/database-secret",
+                        SIGNING,
+                    ]
+                ),
+                ANNOTATION_VALUES,
+                max_size=6,
+            )
+        )
+        template = {"metadata": {"annotations": {"schedlock.dev/inject": "true", **annotations}}}
+        if kind == "Pod":
+            doc["metadata"] = template["metadata"]
+        else:
+            doc["spec"] = {"template": template, "jobTemplate": {"spec": {"template": template}}}
+    return doc
+
+
+@settings(max_examples=150, deadline=None)
+@given(manifests())
+def test_any_manifest_is_injected_passed_through_or_a_manifest_error(doc: dict[str, Any]) -> None:
+    """The injector's only failure on any shape is ManifestError (schedlock inject: exit 2)."""
+    try:
+        result = inject_manifest(doc, CONFIG, [])
+    except ManifestError as exc:
+        error: str | None = str(exc)
+    else:
+        error = None
+    if error is not None:
+        assert "\n" not in error
+        return
+    yaml.safe_dump(result)  # what schedlock inject writes back
+    for sidecar in added_sidecars(result):  # each one starts: its settings are valid
+        env = {e["name"]: e["value"] for e in sidecar["env"] if "value" in e}
+        env.pop("SCHEDLOCK_SIGNING_SECRET_FILE", None)  # mounted in the pod, not here
+        build(SidecarSettings, None, {**env, "SCHEDLOCK_DATABASE_URL": "sqlite:///x.db"})
+
+
+def added_sidecars(tree: Any) -> list[dict[str, Any]]:
+    """Every container named like the sidecar with its args, anywhere in ``tree``."""
+    found, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("name") == CONTAINER_NAME and node.get("args") == ["sidecar"]:
+                found.append(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=st.text(max_size=120) | manifests().map(yaml.safe_dump))
+def test_any_input_to_schedlock_inject_is_exit_0_or_2_in_one_line(
+    text: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = inject_stdin(text, monkeypatch, capsys)
+    assert code in (0, 2), err
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("schedlock inject: error: "), err

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from schedlock import __version__
-from schedlock.core.settings import EXIT_BAD_SETTING, SettingError
+from schedlock.core.settings import EXIT_BAD_SETTING, CommandError, one_line
 
 Command = Callable[[argparse.Namespace], int]
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
@@ -61,9 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_SETTING if argv is None and len(sys.argv) > 1 else 0
     try:
         return command(args)
-    except SettingError as exc:
-        print(f"schedlock {args.command_name}: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_SETTING
+    except CommandError as exc:
+        print(f"schedlock {args.command_name}: error: {one_line(str(exc))}", file=sys.stderr)
+        return exc.code
     except KeyboardInterrupt:
         return 130
 

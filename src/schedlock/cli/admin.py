@@ -1,6 +1,8 @@
 """Commands for people without Kubernetes: migrate, publish, schedule, status.
 
-Each reads ``SCHEDLOCK_DATABASE_URL`` (or ``--database-url``) like every other command.
+Each reads ``SCHEDLOCK_DATABASE_URL`` (or ``--database-url``) like every other command. Every
+value is checked before the database is opened, and a refusal is a :class:`CommandError` that
+the CLI's ``main`` prints as one line (exit status 2 for a bad value, 1 for a failure).
 """
 
 from __future__ import annotations
@@ -15,20 +17,30 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from schedlock.core.identities import parse_rfc3339, rfc3339
-from schedlock.core.payloads import parse_payload
+from schedlock.core.payloads import (
+    MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_DEPTH,
+    MAX_PAYLOAD_TEXT,
+    parse_payload,
+)
 from schedlock.core.scheduling import parse_schedule
 from schedlock.core.settings import (
     EXIT_BAD_SETTING,
+    SHOWN_PATH_CHARS,
+    CommandError,
     DatabaseSettings,
     add_command,
     dns_label,
     flag_value,
     integer,
     number,
+    quoted,
+    text,
 )
+from schedlock.operator.crd import MAX_SCHEDULE_LENGTH, MAX_TIME_ZONE_LENGTH
 from schedlock.store import (
     KeyStatus,
     MigrationRefused,
@@ -43,54 +55,94 @@ from schedlock.store import (
 
 T = TypeVar("T")
 
-EXIT_FAILED = 1
-_RELATIVE = re.compile(r"^(?:in\s+|\+)(\d+(?:\.\d+)?)\s*(ms|s|m|h)$")
+MAX_AT_YEARS = 100
+"""``--at`` is at most this far from now, either way: further is a typo, not a plan (and
+``+99999999999h`` would overflow a date)."""
+_RELATIVE = re.compile(r"(?:in\s+|\+)([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)", re.ASCII)
+_TIME_FORMS = "an RFC 3339 time like 2026-12-01T09:00:00Z, 'now', or '+30s'/'in 5m'"
 
 
 def parse_time(raw: str, now: datetime | None = None) -> datetime:
-    """RFC 3339 (``2026-12-01T09:00:00Z``), ``now``, or relative ``+30s`` / ``in 5m``."""
+    """RFC 3339 (``2026-12-01T09:00:00Z``), ``now``, or relative ``+30s`` / ``in 5m``: within
+    :data:`MAX_AT_YEARS` of ``now``."""
     now = now or datetime.now(UTC)
-    text = raw.strip()
-    if text == "now":
+    value = raw.strip()
+    limit = timedelta(days=365.25 * MAX_AT_YEARS)
+    if value == "now":
         return now
-    match = _RELATIVE.match(text)
+    match = _RELATIVE.fullmatch(value)
     if match:
         amount, unit = float(match.group(1)), match.group(2)
-        scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
-        return now + timedelta(seconds=amount * scale)
+        seconds = amount * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+        if seconds > limit.total_seconds():  # compared first: timedelta() would overflow
+            raise ValueError(f"must be at most {MAX_AT_YEARS} years from now, got {quoted(raw)}")
+        return now + timedelta(seconds=seconds)
     try:
-        parsed = parse_rfc3339(text)
+        parsed = parse_rfc3339(value)
     except ValueError:
-        raise ValueError(
-            "must be an RFC 3339 time like 2026-12-01T09:00:00Z, 'now', or '+30s'/'in 5m', "
-            f"got {raw!r}"
-        ) from None
+        raise ValueError(f"must be {_TIME_FORMS}, got {quoted(raw)}") from None
     if parsed.tzinfo is None:
-        raise ValueError(f"needs a UTC offset or Z (e.g. {text}Z), got {raw!r}")
-    return parsed.astimezone(UTC)
+        raise ValueError(f"needs a UTC offset or Z (e.g. {value[:40]}Z), got {quoted(raw)}")
+    try:
+        due = parsed.astimezone(UTC)  # year 1 or 9999 with an offset is beyond datetime
+    except OverflowError:
+        due = None
+    if due is None or abs(due - now) > limit:
+        raise ValueError(f"must be within {MAX_AT_YEARS} years of now, got {quoted(raw)}")
+    return due
 
 
-def _fail(command: str, message: str) -> int:
-    print(f"schedlock {command}: error: {message}", file=sys.stderr)
-    return EXIT_FAILED
+def read_payload(raw: str, stdin: BinaryIO | None = None) -> dict[str, Any]:
+    """``--payload``: JSON text, ``@FILE`` (the JSON in a file) or ``-`` (from standard input).
+
+    Neither form starts valid JSON, so a literal payload is never read as a file name. The
+    text read is bounded as :func:`parse_payload` bounds it, so ``@/dev/zero`` ends too; the
+    checks are the ones every writer shares (``schedlock.core.payloads``).
+    """
+    if raw == "-":
+        where = "standard input"
+        if stdin is None:
+            if sys.stdin is None:  # started with standard input closed
+                raise ValueError("'-' reads standard input, and there is none")
+            stdin = sys.stdin.buffer
+        data = stdin.read(MAX_PAYLOAD_TEXT + 1)
+    elif raw.startswith("@"):
+        where = quoted(raw[1:], SHOWN_PATH_CHARS)
+        try:
+            with open(raw[1:], "rb") as file:
+                data = file.read(MAX_PAYLOAD_TEXT + 1)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "bad name"
+            raise ValueError(f"cannot read the payload file {where}: {reason}") from None
+    else:
+        return parse_payload(raw)
+    if len(data) > MAX_PAYLOAD_TEXT:
+        raise ValueError(
+            f"{where} holds more than {MAX_PAYLOAD_TEXT} bytes; a payload is at most "
+            f"{MAX_PAYLOAD_BYTES} bytes as JSON"
+        )
+    try:
+        text = data.decode("utf-8-sig")  # an editor's byte-order mark is not part of the JSON
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where} is not UTF-8 text (byte {exc.start})") from None
+    return parse_payload(text)
 
 
 def _with_store(
     command: str, db: DatabaseSettings, verb: Callable[[Store], Awaitable[T]], failure: str
-) -> T | None:
-    """Run one store verb; a StoreError becomes one line on stderr (None is returned)."""
+) -> T:
+    """Run one store verb; a StoreError is a CommandError (exit status 1)."""
 
-    async def run() -> T | None:
+    async def run() -> T:
         store = open_store(db.database_url, application_name=f"schedlock-{command}")
         try:
             return await verb(store)
         except SchemaTooNew as exc:
-            _fail(command, str(exc))
+            raise CommandError(str(exc)) from exc
         except StoreError as exc:
-            _fail(command, f"{failure}: {exc}")
+            raise CommandError(f"{failure}: {exc}") from exc
         finally:
             await store.close()
-        return None
 
     return asyncio.run(run())
 
@@ -117,11 +169,8 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
         return changed, await store.schema_status()
 
     result = _with_store("migrate", db, migrate, "cannot migrate")
-    if result is None:
-        return EXIT_FAILED
     if isinstance(result, MigrationRefused):
-        print(f"schedlock migrate: error: {result}", file=sys.stderr)
-        return EXIT_BAD_SETTING
+        raise CommandError(str(result), EXIT_BAD_SETTING)
     print(migrate_report(*result))
     return 0
 
@@ -164,6 +213,10 @@ class _Common:
         return {key: getattr(self, key) for key in ("uid", "name", "namespace", "target")} | extra
 
 
+MAX_NAME_LENGTH = 253  # a Kubernetes object name's
+parse_name = text(MAX_NAME_LENGTH)
+
+
 def _common(args: argparse.Namespace, command: str) -> _Common:
     uid = f"cli-{uuid.uuid4()}"
     deadline = None
@@ -171,11 +224,10 @@ def _common(args: argparse.Namespace, command: str) -> _Common:
         deadline = flag_value("--deadline-seconds", args.deadline_seconds, integer(0, 31_536_000))
     return _Common(
         namespace=flag_value("--namespace", args.namespace, dns_label),
-        name=args.name or f"{command}-{uid[4:12]}",
+        name=flag_value("--name", args.name, parse_name) if args.name else f"{command}-{uid[4:12]}",
         uid=uid,
         target=flag_value("--target", args.target, dns_label),
-        # One check for every writer (schedlock.core.payloads): the webhook's, the database's.
-        payload=flag_value("--payload", args.payload, parse_payload),
+        payload=flag_value("--payload", args.payload, read_payload),
         starting_deadline_seconds=deadline,
     )
 
@@ -186,8 +238,7 @@ def _created(
     verb: Callable[[Store], Awaitable[object]],
     shown: dict[str, Any],
 ) -> int:
-    if _with_store(command, db, verb, f"cannot insert the {command}") is None:
-        return EXIT_FAILED
+    _with_store(command, db, verb, f"cannot insert the {command}")
     print(json.dumps(shown))
     return 0
 
@@ -205,9 +256,20 @@ def cmd_publish(db: DatabaseSettings, args: argparse.Namespace) -> int:
     return _created("publish", db, lambda store: store.upsert_publish(spec), shown)
 
 
+def _schedule(cron: str, time_zone: str) -> None:
+    # The object's bounds, so a row the CLI writes is one the cluster could write.
+    for flag, value, longest in (
+        ("--cron", cron, MAX_SCHEDULE_LENGTH),
+        ("--time-zone", time_zone, MAX_TIME_ZONE_LENGTH),
+    ):
+        if len(value) > longest:
+            raise ValueError(f"{flag} is {len(value)} characters; at most {longest}")
+    parse_schedule(cron, time_zone)
+
+
 def cmd_schedule(db: DatabaseSettings, args: argparse.Namespace) -> int:
     common = _common(args, "schedule")
-    flag_value("--cron/--time-zone", args.cron, lambda cron: parse_schedule(cron, args.time_zone))
+    flag_value("--cron/--time-zone", args.cron, lambda cron: _schedule(cron, args.time_zone))
     spec = ScheduleSpec(
         **dataclasses.asdict(common), expression=args.cron, time_zone=args.time_zone
     )
@@ -280,8 +342,6 @@ def render_table(rows: list[dict[str, Any]]) -> str:
 
 def cmd_status(db: DatabaseSettings, args: argparse.Namespace) -> int:
     keys = _with_store("status", db, lambda store: store.key_status(), "cannot read the status")
-    if keys is None:
-        return EXIT_FAILED
     rows = status_rows(keys)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -299,9 +359,17 @@ def _row_arguments(parser: argparse.ArgumentParser, fires: str, deadline: str) -
     """The flags ``publish`` and ``schedule`` share: the key, the payload, the name, a deadline."""
     parser.add_argument("--target", required=True, help=f"target (app) that receives the {fires}")
     parser.add_argument(
-        "--payload", default="{}", metavar="JSON", help="JSON object passed to the app"
+        "--payload",
+        default="{}",
+        metavar="JSON",
+        help=f"JSON object passed to the app; @FILE reads it from a file, - from standard input "
+        f"(at most {MAX_PAYLOAD_BYTES // 1024} KiB as JSON, {MAX_PAYLOAD_DEPTH} levels deep)",
     )
-    parser.add_argument("--name", default="", help="a name for people (default generated)")
+    parser.add_argument(
+        "--name",
+        default="",
+        help=f"a name for people, 1 to {MAX_NAME_LENGTH} printable characters (default generated)",
+    )
     parser.add_argument("--namespace", default="default", help="namespace (default: default)")
     parser.add_argument("--deadline-seconds", default=None, help=deadline)
 
@@ -354,7 +422,8 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "--at",
         required=True,
         metavar="TIME",
-        help="RFC 3339 time (2026-12-01T09:00:00Z), 'now', or relative '+30s'/'in 5m'",
+        help="RFC 3339 time (2026-12-01T09:00:00Z), 'now', or relative '+30s'/'in 5m'; within "
+        f"{MAX_AT_YEARS} years of now",
     )
     publish.add_argument(
         "--max-attempts", default="3", help="delivery attempts before failing (default 3)"

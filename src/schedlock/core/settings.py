@@ -20,19 +20,37 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from schedlock.core import logs
 
 T = TypeVar("T")
 N = TypeVar("N", int, float)
 
+EXIT_FAILED = 1
 EXIT_BAD_SETTING = 2
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-class SettingError(ValueError):
-    """A setting has a value the process cannot run with."""
+class CommandError(Exception):
+    """A command cannot go on. The CLI's ``main`` alone prints it: one line, then ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def one_line(message: str) -> str:
+    """A message as one printable line: line breaks become spaces, other unprintable characters
+    their escapes, so text from a database or a file can neither add lines nor drive the
+    terminal (ESC, BEL)."""
+    return "".join(
+        c if c.isprintable() else " " if c in "\r\n\t" else repr(c)[1:-1] for c in message
+    )
+
+
+class SettingError(CommandError, ValueError):
+    """A setting has a value the process cannot run with (exit status 2)."""
 
     def __init__(self, spec: SettingSpec | None, message: str) -> None:
         self.spec = spec
@@ -40,7 +58,7 @@ class SettingError(ValueError):
         where = (
             "" if spec is None else f"{spec.flag} / {spec.env}: " if spec.env else f"{spec.flag}: "
         )
-        super().__init__(f"{where}{message}")
+        super().__init__(f"{where}{message}", EXIT_BAD_SETTING)
 
 
 @dataclass(frozen=True)
@@ -134,8 +152,8 @@ def build(
             values[f.name] = spec.parse(raw)
         except SettingError as exc:
             raise SettingError(spec, exc.message) from None
-        except ValueError as exc:
-            raise SettingError(spec, str(exc)) from None
+        except (ValueError, OverflowError, RecursionError) as exc:
+            raise SettingError(spec, parse_failure(exc)) from None
     instance = cls(**values)
     validate = getattr(instance, "validate", None)
     if validate is not None:
@@ -155,8 +173,21 @@ def flag_value(flag: str, raw: str, parse: Callable[[str], T]) -> T:
     """Parse a plain command-line flag (one without a variable); a bad value is a SettingError."""
     try:
         return parse(raw)
-    except ValueError as exc:
-        raise SettingError(None, f"{flag}: {exc}") from None
+    except SettingError as exc:
+        raise SettingError(None, f"{flag}: {exc.message}") from None
+    except (ValueError, OverflowError, RecursionError) as exc:
+        raise SettingError(None, f"{flag}: {parse_failure(exc)}") from None
+
+
+def parse_failure(exc: ValueError | OverflowError | RecursionError) -> str:
+    """What a parser's error says. The parsers here say what is allowed; an overflow or a
+    recursion from deeper down (datetime, json, a library) is the value's size or depth, and
+    its own text is not for people (``Python int too large to convert to C int``)."""
+    if isinstance(exc, RecursionError):
+        return "is nested too deep to be read"
+    if isinstance(exc, OverflowError):
+        return "is out of range"
+    return str(exc)
 
 
 def add_command(
@@ -191,6 +222,26 @@ def add_command(
 
 # --- parsers: each raises ValueError with a message that says what is allowed -------------------
 
+SHOWN_CHARS = 64
+SHOWN_PATH_CHARS = 256  # a file name is worth showing whole (they are at most 4096 bytes)
+
+
+def quoted(raw: str, limit: int = SHOWN_CHARS) -> str:
+    """A value as an error repeats it: quoted, its control characters escaped (the line stays
+    one line), and cut to its first ``limit`` characters (a 100 KB value stays short)."""
+    if len(raw) <= limit:
+        return repr(raw)
+    return f"{raw[:limit]!r}… ({len(raw)} characters)"
+
+
+_INTEGER = re.compile(r"[-+]?[0-9]{1,30}")  # ASCII digits only: int() also takes "1_0", "١٢"
+
+
+def _whole(raw: str) -> int:
+    if not _INTEGER.fullmatch(raw):
+        raise ValueError(raw)
+    return int(raw)
+
 
 def _bounded(convert: Callable[[str], N], kind: str, low: N, high: N) -> Callable[[str], N]:
     """A parser of ``kind`` values from ``low`` to ``high``; ``convert`` raises ValueError."""
@@ -200,9 +251,9 @@ def _bounded(convert: Callable[[str], N], kind: str, low: N, high: N) -> Callabl
         try:
             value = convert(raw.strip())
         except ValueError:
-            raise ValueError(f"{allowed}, got {raw!r}") from None
+            raise ValueError(f"{allowed}, got {quoted(raw)}") from None
         if not math.isfinite(value) or not low <= value <= high:
-            raise ValueError(f"{allowed}, got {raw.strip()}")
+            raise ValueError(f"{allowed}, got {quoted(raw.strip())}")
         return value
 
     return parse
@@ -213,7 +264,7 @@ def _shown(bound: float) -> str:
 
 
 def integer(low: int, high: int) -> Callable[[str], int]:
-    return _bounded(int, "a whole number", low, high)
+    return _bounded(_whole, "a whole number", low, high)
 
 
 def number(low: float, high: float) -> Callable[[str], float]:
@@ -224,7 +275,7 @@ def choice(*allowed: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
         if value not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}, got {raw!r}")
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {quoted(raw)}")
         return value
 
     return parse
@@ -235,34 +286,57 @@ def dns_label(raw: str) -> str:
     if not DNS_LABEL.match(value):
         raise ValueError(
             "must be a DNS label (lowercase letters, digits and '-', 1-63 characters, "
-            f"starting and ending with a letter or digit), got {raw!r}"
+            f"starting and ending with a letter or digit), got {quoted(raw)}"
         )
     return value
 
 
+MAX_URL_CHARS = 2048  # what browsers and proxies reliably pass; a longer one is a mistake
+
+
+def _url_parts(raw: str, scheme: str) -> SplitResult | None:
+    """The parts of a ``scheme`` URL with a host and, if any, a port from 1 to 65535, of at
+    most ``MAX_URL_CHARS``; None for anything else.
+
+    Refuses whitespace and control characters: ``urlsplit`` drops tabs and newlines silently,
+    so the URL it checked would not be the one the process then uses.
+    """
+    if len(raw) > MAX_URL_CHARS or not raw.isprintable() or any(c.isspace() for c in raw):
+        return None
+    try:
+        parts = urlsplit(raw)
+        port = parts.port  # ValueError: not a number, or beyond 65535
+    except ValueError:  # also an unclosed IPv6 bracket
+        return None
+    if parts.scheme != scheme or not parts.hostname or port == 0:
+        return None
+    return parts
+
+
 def http_url(raw: str) -> str:
+    """``http(s)://host[:port][/path]``, the port from 1 to 65535 (the target URL)."""
     value = raw.strip()
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"must be an http:// or https:// URL with a host, got {raw!r}")
+    scheme = value.split(":", 1)[0].lower()
+    if scheme not in ("http", "https") or _url_parts(value, scheme) is None:
+        raise ValueError(
+            f"must be an http:// or https:// URL of at most {MAX_URL_CHARS} characters with a "
+            f"host and, if it has one, a port from 1 to 65535, got {quoted(raw)}"
+        )
     return value
 
 
 def check_url(raw: str) -> str:
     """A readiness check: ``http(s)://host[:port]/path`` (GET) or ``tcp://host:port`` (connect)."""
     value = raw.strip()
-    parts = urlsplit(value)
-    try:
-        port = parts.port
-    except ValueError:  # not a number, or out of range
-        port = -1
-    if port != -1 and parts.hostname:
-        if parts.scheme in ("http", "https"):
-            return value
-        if parts.scheme == "tcp" and port and parts.path in ("", "/") and not parts.query:
-            return value
+    scheme = value.split(":", 1)[0].lower()
+    parts = _url_parts(value, scheme) if scheme in ("http", "https", "tcp") else None
+    if parts is not None and scheme != "tcp":
+        return value
+    if parts is not None and parts.port is not None and parts.path in ("", "/") and not parts.query:
+        return value
     raise ValueError(
-        f"must be an http:// or https:// URL to GET, or tcp://host:port to connect to, got {raw!r}"
+        "must be an http:// or https:// URL to GET, or tcp://host:port to connect to (a port "
+        f"from 1 to 65535, at most {MAX_URL_CHARS} characters), got {quoted(raw)}"
     )
 
 
@@ -288,26 +362,37 @@ _HOST = re.compile(r"^[A-Za-z0-9.:-]{1,253}$")
 def host(raw: str) -> str:
     value = raw.strip()
     if not _HOST.match(value):
-        raise ValueError(f"must be a host name or IP address to bind to, got {raw!r}")
+        raise ValueError(f"must be a host name or IP address to bind to, got {quoted(raw)}")
     return value
 
 
 def readable_file(raw: str) -> Path:
     path = Path(raw.strip())
-    if not path.is_file():
-        raise ValueError(f"must name a readable file, {str(path)!r} does not exist")
     try:
-        path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"must name a readable file, {str(path)!r}: {exc.strerror}") from None
+        with path.open("rb") as file:
+            file.read(1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        reason = "does not exist" if isinstance(exc, FileNotFoundError) else _reason(exc)
+        raise ValueError(
+            f"must name a readable file, {quoted(str(path), SHOWN_PATH_CHARS)} {reason}"
+        ) from None
     return path
 
 
+def _reason(exc: OSError | ValueError) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"cannot be read: {exc.strerror}"
+    return "cannot be read"
+
+
 def text(max_len: int = 253) -> Callable[[str], str]:
+    """1 to ``max_len`` printable characters: no control, format (bidi overrides, zero-width)
+    or surrogate characters, which would garble a log line or a terminal that shows them."""
+
     def parse(raw: str) -> str:
         value = raw.strip()
-        if not value or len(value) > max_len or any(ord(c) < 32 for c in value):
-            raise ValueError(f"must be 1 to {max_len} printable characters, got {raw!r}")
+        if not value or len(value) > max_len or not value.isprintable():
+            raise ValueError(f"must be 1 to {max_len} printable characters, got {quoted(raw)}")
         return value
 
     return parse

@@ -25,6 +25,15 @@ by default a TCP connect to the host and port of the target URL. The annotation
 ready) or ``tcp://host:port`` — and is validated like the signing annotation: a malformed value
 means no sidecar and a warning.
 
+The target (a DNS label, as the sidecar requires), the ``schedlock.dev/target-url`` annotation
+(an http(s) URL with a port from 1 to 65535) and ``schedlock.dev/database-secret`` (a Secret
+name) are checked the same way: a sidecar that would refuse to start, or a pod the API server
+would refuse, is never made.
+
+A manifest whose shape no Kubernetes object has (``metadata`` a list, a container a string) is a
+:class:`ManifestError` naming the field: the webhook never sees one (the API server decoded the
+pod), ``schedlock inject`` refuses the input with it.
+
 Invariants: the input is never mutated; a pod that already has the ``schedlock`` container is
 returned unchanged (re-injection is a no-op); names the injector adds never collide with the
 pod's own.
@@ -41,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedlock import __version__
-from schedlock.core.settings import check_url
+from schedlock.core.settings import check_url, dns_label, http_url, quoted
 from schedlock.core.timings import DEFAULT_LEASE_SECONDS, LeaseTimings
 
 ANNOTATION_INJECT = "schedlock.dev/inject"
@@ -81,6 +90,50 @@ DNS_SUBDOMAIN = re.compile(rf"(?=.{{1,253}}\Z){_DNS_LABEL}(\.{_DNS_LABEL})*")
 SECRET_KEY = re.compile(r"(?=.{1,253}\Z)(?!\.\Z)(?!\.\.)[-._a-zA-Z0-9]+")
 
 
+class ManifestError(ValueError):
+    """A manifest field the injector reads has a shape no Kubernetes object has."""
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    """``value`` as a mapping (absent: empty); ManifestError when it is anything else."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{where} is {json_type(value)}, not an object")
+    return value
+
+
+def _mappings(value: Any, where: str) -> list[Mapping[str, Any]]:
+    """``value`` as a list of mappings (absent: empty); ManifestError otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ManifestError(f"{where} is {json_type(value)}, not an array")
+    return [_mapping(item, f"{where}[{n}]") for n, item in enumerate(value)]
+
+
+def json_type(value: Any) -> str:
+    """What a decoded manifest value is, as an error names it ("an array", "a string"…)."""
+    for cls, name in ((bool, "a boolean"), (dict, "an object"), (list, "an array")):
+        if isinstance(value, cls):
+            return name
+    if isinstance(value, int | float):
+        return "a number"
+    return "a string" if isinstance(value, str) else "null" if value is None else "a value"
+
+
+def check_pod_shape(metadata: Any, spec: Any, prefix: str = "") -> None:
+    """Every field of a pod (template) that injection reads has its Kubernetes shape; the
+    error names the field from the manifest's top (``prefix``: ``spec.template.`` …)."""
+    meta = _mapping(metadata, f"{prefix}metadata")
+    _mapping(meta.get("annotations"), f"{prefix}metadata.annotations")
+    _mapping(meta.get("labels"), f"{prefix}metadata.labels")
+    pod_spec = _mapping(spec, f"{prefix}spec")
+    for field_name in ("containers", "initContainers", "volumes"):
+        _mappings(pod_spec.get(field_name), f"{prefix}spec.{field_name}")
+    _mapping(pod_spec.get("securityContext"), f"{prefix}spec.securityContext")
+
+
 @dataclass(frozen=True)
 class SecretRef:
     """One key of a Secret in the pod's own namespace."""
@@ -102,12 +155,12 @@ def parse_signing_secret(raw: str) -> SecretRef | None:
         key = DEFAULT_SIGNING_SECRET_KEY
     if not DNS_SUBDOMAIN.fullmatch(name):
         raise ValueError(
-            f"must be NAME or NAME/KEY of a Secret; {name!r} is not a Secret name "
+            f"must be NAME or NAME/KEY of a Secret; {quoted(name)} is not a Secret name "
             "(a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253)"
         )
     if not SECRET_KEY.fullmatch(key):
         raise ValueError(
-            f"must be NAME or NAME/KEY of a Secret; {key!r} is not a Secret key "
+            f"must be NAME or NAME/KEY of a Secret; {quoted(key)} is not a Secret key "
             "(letters, digits, '-', '_' and '.', at most 253)"
         )
     return SecretRef(name, key)
@@ -157,6 +210,24 @@ def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = 
             f"{ANNOTATION_INJECT} is set but the pod has neither a {ANNOTATION_TARGET} "
             "annotation nor an app.kubernetes.io/name label to name its target: not injected",
         )
+    try:
+        target = dns_label(str(target))
+    except ValueError as exc:
+        source = (
+            ANNOTATION_TARGET if annotations.get(ANNOTATION_TARGET) else "app.kubernetes.io/name"
+        )
+        return Decision(f"{source} {exc}: not injected")
+    if annotations.get(ANNOTATION_TARGET_URL):
+        try:
+            http_url(str(annotations[ANNOTATION_TARGET_URL]))
+        except ValueError as exc:
+            return Decision(f"{ANNOTATION_TARGET_URL} {exc}: not injected")
+    secret = annotations.get(ANNOTATION_DATABASE_SECRET)
+    if secret and not DNS_SUBDOMAIN.fullmatch(str(secret)):
+        return Decision(
+            f"{ANNOTATION_DATABASE_SECRET} must name a Secret (a DNS subdomain), got "
+            f"{quoted(str(secret))}: not injected"
+        )
     signing = config.signing_secret if config is not None else None
     if ANNOTATION_SIGNING_SECRET in annotations:
         try:
@@ -168,7 +239,7 @@ def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = 
             check_url(ready_url(annotations))
         except ValueError as exc:
             return Decision(f"{ANNOTATION_TARGET_READY_URL} {exc}: not injected")
-    return Decision("opted in", str(target), signing)
+    return Decision("opted in", target, signing)
 
 
 def ready_url(annotations: Mapping[str, Any]) -> str:
@@ -300,19 +371,22 @@ def inject_manifest(
     """A Pod or a workload (its pod template) with the sidecar added where it opts in.
 
     A pod template that asks for the sidecar but cannot have it adds ``Kind/name: reason`` to
-    ``warnings``.
+    ``warnings``. A field on the way to the pod template, or of it, that has no Kubernetes shape
+    is a :class:`ManifestError`.
     """
     kind = obj.get("kind")
+    name = _mapping(obj.get("metadata"), "metadata").get("name")
 
     def inject(
         metadata: Mapping[str, Any], spec: Mapping[str, Any]
     ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         problem = refusal(metadata, config)
         if problem is not None and warnings is not None:
-            warnings.append(f"{kind}/{(obj.get('metadata') or {}).get('name')}: {problem}")
+            warnings.append(f"{kind}/{name}: {problem}")
         return inject_pod(metadata, spec, config)
 
     if kind == "Pod":
+        check_pod_shape(obj.get("metadata"), obj.get("spec"))
         changed = inject(obj.get("metadata") or {}, obj.get("spec") or {})
         if changed:
             obj = {**obj, "metadata": changed[0], "spec": changed[1]}
@@ -324,10 +398,16 @@ def inject_manifest(
         template_path = ("spec", "jobTemplate", "spec", "template")
     if template_path is None:
         return obj
+    template: Mapping[str, Any] = obj
+    for depth, key in enumerate(template_path, 1):
+        template = _mapping(template.get(key), ".".join(template_path[:depth]))
+    check_pod_shape(template.get("metadata"), template.get("spec"), ".".join(template_path) + ".")
     result = copy.deepcopy(obj)
     holder: dict[str, Any] = result
     for key in template_path:
-        holder = holder.setdefault(key, {})
+        if holder.get(key) is None:  # absent or null: the sidecar's template starts empty
+            holder[key] = {}
+        holder = holder[key]
     changed = inject(holder.get("metadata") or {}, holder.get("spec") or {})
     if changed:
         holder["metadata"], holder["spec"] = changed

@@ -19,6 +19,7 @@ from schedlock.core.settings import (
     host,
     integer,
     number,
+    quoted,
     readable_file,
     setting,
     spec_of,
@@ -41,7 +42,7 @@ from schedlock.operator.injection import (
 def dns_subdomain(raw: str) -> str:
     value = raw.strip()
     if not DNS_SUBDOMAIN.fullmatch(value):
-        raise ValueError(f"must be a Kubernetes object name (DNS subdomain), got {raw!r}")
+        raise ValueError(f"must be a Kubernetes object name (DNS subdomain), got {quoted(raw)}")
     return value
 
 
@@ -49,7 +50,9 @@ def namespace_list(raw: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(",") if n.strip())
     for name in names:
         if not name.replace("-", "").isalnum() or name != name.lower() or len(name) > 63:
-            raise ValueError(f"must be a comma-separated list of namespace names, got {name!r}")
+            raise ValueError(
+                f"must be a comma-separated list of namespace names, got {quoted(name)}"
+            )
     return names
 
 
