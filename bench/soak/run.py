@@ -9,6 +9,9 @@ The load, all on one target (``demo``) led by one of three sidecars:
   objects take 5-field cron only) and a one-shot object every ``object_every_s``, deleted
   again ``object_keep_s`` after it was created (so etcd's history stays bounded too).
 
+Sidecars and the operator prune history after 5 minutes (:data:`RETENTION`): the tables fill
+for that long and must be level after the warm-up (``warmup_fraction`` of the run).
+
 Every ``kill_every_s`` the leader is SIGKILLed (a standby, in turn, when no sidecar leads at
 that moment) and started again ``restart_after_s`` later, so every kill is a hand-over.  A
 restarted process starts its memory afresh: a sidecar's RSS is judged from its last start on
@@ -21,6 +24,7 @@ configuration, the kills, every series' trend and the overall verdict) and ``soa
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import signal
@@ -42,6 +46,13 @@ from schedlock.core.identities import rfc3339
 from testbed.sidecars import REPO, SidecarProcess
 
 RESULTS = REPO / "bench" / "results" / "soak"
+# A short retention, so that an hour's history is pruned many times over and the tables must
+# level off (a tree without the pruner ignores these settings: its tables grow, and say so).
+RETENTION = {
+    "SCHEDLOCK_RETENTION_SECONDS": "300",
+    "SCHEDLOCK_FAILED_RETENTION_SECONDS": "300",
+    "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": "30",
+}
 TICK_S = 0.25
 SETTLE_S = 60.0  # a restarted sidecar's memory is judged this long after its start
 
@@ -59,8 +70,8 @@ class SoakConfig:
     object_every_s: float = 10.0
     object_keep_s: float = 120.0
     warmup_fraction: float = 0.25  # samples before this share of the run are not judged
-    sidecar_env: dict[str, str] = field(default_factory=dict)
-    operator_env: dict[str, str] = field(default_factory=dict)
+    sidecar_env: dict[str, str] = field(default_factory=lambda: dict(RETENTION))
+    operator_env: dict[str, str] = field(default_factory=lambda: dict(RETENTION))
 
     @property
     def warmup_s(self) -> float:
@@ -275,6 +286,7 @@ def _summary(
         "started": started.isoformat(timespec="seconds"),
         "config": asdict(config),
         "operator": with_operator,
+        "pruner": importlib.util.find_spec("schedlock.store.retention") is not None,
         "interrupted": interrupted,
         "samples": len({t for t, _, _ in samples}),
         "kills": sum(1 for e in events if "killed" in e),
