@@ -264,8 +264,11 @@ def _sweep(entry: dict[str, Any] | None) -> str:
     )
 
 
-def _ratio_cell(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
+def _ratio_cell(value: float | None, entry: dict[str, Any] | None = None) -> str:
+    """A ratio; a lower bound (``≥``) when the loaded side hit its cap (``entry``)."""
+    if value is None:
+        return "–"
+    return ("≥ " if (entry or {}).get("censored") else "") + f"{value:.2f}×"
 
 
 def history_table(doc: dict[str, Any]) -> str:
@@ -298,15 +301,16 @@ def history_table(doc: dict[str, Any]) -> str:
     lines.append(
         f"| `schedlock status` (CLI, process start included) | "
         f"{_seconds(empty.get('status_cli'))} | {_seconds(loaded.get('status_cli'))} | "
-        f"{_ratio_cell(ratio.get('status_cli'))} |"
+        f"{_ratio_cell(ratio.get('status_cli'), loaded.get('status_cli'))} |"
     )
     lines.append(
         f"| `key_status` (the store verb) | {_seconds(empty.get('key_status'))} | "
         f"{_seconds(loaded.get('key_status'))} | |"
     )
+    sweep = loaded.get("sync_first_sweep")
     lines.append(
         f"| operator status sync, first sweep | {_sweep(empty.get('sync_first_sweep'))} | "
-        f"{_sweep(loaded.get('sync_first_sweep'))} | {_ratio_cell(ratio.get('sync_first_sweep'))} |"
+        f"{_sweep(sweep)} | {_ratio_cell(ratio.get('sync_first_sweep'), sweep)} |"
     )
     if load:
         lines += [

@@ -102,3 +102,9 @@ def test_a_partial_run_replaces_its_keys_only_and_says_when_it_was_measured() ->
     assert merged["history"]["rows"] == 5
     assert merged["history"]["measured"]["commit"] == "new"
     assert merged["history"]["measured"]["when"] == "now"
+
+
+def test_a_ratio_over_a_capped_measurement_is_a_lower_bound() -> None:
+    entry = history_entry(side(24.0, 120.0, censored=True), {"skipped": "no pruner"})
+    entry["ratio"] = {"status_cli": 150.0}
+    assert "| ≥ 120 s | ≥ 150.00× |" in report.history_table(document(entry))
