@@ -528,12 +528,21 @@ def _plots(
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    if series.get("lateness_ms"):
+    for key, title, name in (
+        ("lateness_ms", "lateness CDF", "lateness_cdf.png"),
+        (
+            "history_lateness_ms",
+            "lateness CDF, schedlock: empty, history, prune",
+            "history_cdf.png",
+        ),
+    ):
+        if not series.get(key):
+            continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for system, values in series["lateness_ms"].items():
+        for system, values in series[key].items():
             if not values:
                 continue
-            flags = censored.get("lateness_ms", {}).get(system) or [False] * len(values)
+            flags = censored.get(key, {}).get(system) or [False] * len(values)
             ordered = sorted(max(v, 0.01) for v in values)
             fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
             missing = sum(flags)
@@ -542,11 +551,11 @@ def _plots(
         ax.set_xscale("log")
         ax.set_xlabel("lateness (arrival − due), ms")
         ax.set_ylabel("fraction of rows")
-        ax.set_title("lateness CDF")
+        ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
         fig.tight_layout()
-        path = out / "lateness_cdf.png"
+        path = out / name
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)

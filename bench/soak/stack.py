@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def kube_tools_built() -> bool:
 class SoakPostgres(PostgresServer):
     """A PostgresServer whose postmaster dies with the harness."""
 
-    def _preexec(self) -> Any:
+    def _preexec(self) -> Callable[[], None] | None:
         return die_with_parent()
 
 
