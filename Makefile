@@ -41,6 +41,13 @@ bench-quick: venv ## the same scenarios with fewer trials: bench/results/
 	@bash hack/tools.sh ensure kube-apiserver etcd kubectl helm node images river-bench
 	@$(PY) -m bench run --quick
 
+SOAK_DURATION ?= 3600
+SOAK_ARGS ?=
+
+.PHONY: soak
+soak: venv ## soak: PostgreSQL, 3 sidecars, the operator (if built), kills, for SOAK_DURATION s (default 3600); plot and figures in bench/results/soak/
+	@$(PY) -m bench.soak --duration $(SOAK_DURATION) $(SOAK_ARGS)
+
 CHAOS_DURATION ?= 600
 CHAOS_SEED ?=
 

@@ -73,6 +73,15 @@ class Profile:
     scale_failover_trials: int = 5  # SIGKILLs of the leader per design and replica count
     scale_settled: bool = True  # measure again after one rotation of the reserves' turns
     cluster_trials: int = 10  # leader pod deletions of each kind; a third as many rolling updates
+    history_rows: int = 5_000_000  # finished rows in the loaded database (the issue's 5 M)
+    history_keys: int = 400  # lock keys they are spread over
+    history_lateness_rows: int = 500  # per trial, due evenly over the span, on one key
+    history_lateness_span_s: float = 10.0
+    history_lateness_trials: int = 3
+    history_throughput_rows: int = 5000
+    history_cap_s: float = 300.0  # longest wait for `schedlock status`, key_status, the sweep
+    history_backlog_rows: int = 2_000_000  # expired rows the pruner clears
+    history_prune_cap_s: float = 900.0  # longest wait for the backlog to clear (target 600 s)
 
 
 FULL = Profile(
@@ -114,6 +123,12 @@ QUICK = Profile(
     scale_failover_trials=2,
     scale_settled=False,
     cluster_trials=3,
+    history_rows=500_000,
+    history_lateness_trials=1,
+    history_throughput_rows=2000,
+    history_cap_s=120.0,
+    history_backlog_rows=200_000,
+    history_prune_cap_s=300.0,
 )
 
 SMOKE = Profile(
@@ -150,6 +165,15 @@ SMOKE = Profile(
     scale_failover_trials=1,
     scale_settled=False,
     cluster_trials=1,
+    history_rows=20_000,
+    history_keys=20,
+    history_lateness_rows=50,
+    history_lateness_span_s=1.5,
+    history_lateness_trials=1,
+    history_throughput_rows=200,
+    history_cap_s=60.0,
+    history_backlog_rows=8000,
+    history_prune_cap_s=60.0,
 )
 
 PROFILES = {p.name: p for p in (FULL, QUICK, SMOKE)}

@@ -22,12 +22,15 @@ KEYS = (
     "footprint",
     "scale",
     "cluster",
+    "history",
 )
 SYSTEMS = ("schedlock", "seed_tick", "k8s_lease", "river", "procrastinate")
 PEERS = SYSTEMS[3:]  # the maintained systems run beside schedlock (bench/peers/)
 DOCS = REPO / "docs" / "performance.md"
 BEGIN = "<!-- bench:results:begin (written by `make bench`; do not edit by hand) -->"
 END = "<!-- bench:results:end -->"
+HISTORY_BEGIN = "<!-- bench:history:begin (written by `make bench`; do not edit by hand) -->"
+HISTORY_END = "<!-- bench:history:end -->"
 
 
 def document(info: dict[str, Any], when: datetime, results: dict[str, Any]) -> dict[str, Any]:
@@ -246,6 +249,111 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _seconds(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "–"
+    return ("≥ " if entry.get("censored") else "") + _num(entry.get("seconds"), " s")
+
+
+def _sweep(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "–"
+    return (
+        f"{_seconds(entry)}: {entry['rows_read']:,} rows in {entry['pages']:,} pages, "
+        f"{entry['latest_slot_calls']:,} latest_slot, {entry['kube_gets']:,} GETs"
+    )
+
+
+def _ratio_cell(value: float | None, entry: dict[str, Any] | None = None) -> str:
+    """A ratio; a lower bound (``≥``) when the loaded side hit its cap (``entry``)."""
+    if value is None:
+        return "–"
+    return ("≥ " if (entry or {}).get("censored") else "") + f"{value:.2f}×"
+
+
+def history_table(doc: dict[str, Any]) -> str:
+    """The ``history`` scenario: empty against loaded, the ratios, the prune backlog."""
+    h = doc.get("history")
+    if not h:
+        return ""
+    empty, loaded, ratio = h.get("empty") or {}, h.get("history") or {}, h.get("ratio") or {}
+    load = h.get("load") or {}
+    rows_label = f"{h['rows']:,} finished rows"
+    lines = [
+        f"| one key led by a real sidecar | empty | {rows_label} | ratio |",
+        "|---|---|---|---|",
+    ]
+
+    def lateness(entry: dict[str, Any], field: str) -> str:
+        return _num(_get(entry, "lateness_ms", field), " ms")
+
+    for field in ("p50", "p99"):
+        n = _get(loaded, "lateness_ms", "n")
+        lines.append(
+            f"| lateness {field} ({n} rows) | {lateness(empty, field)} | "
+            f"{lateness(loaded, field)} | {_ratio_cell(ratio.get('lateness_' + field))} |"
+        )
+    lines.append(
+        f"| throughput, fires/s | {_num(_get(empty, 'throughput', 'fires_per_s'))} | "
+        f"{_num(_get(loaded, 'throughput', 'fires_per_s'))} | "
+        f"{_ratio_cell(ratio.get('throughput'))} |"
+    )
+    lines.append(
+        f"| `schedlock status` (CLI, process start included) | "
+        f"{_seconds(empty.get('status_cli'))} | {_seconds(loaded.get('status_cli'))} | "
+        f"{_ratio_cell(ratio.get('status_cli'), loaded.get('status_cli'))} |"
+    )
+    lines.append(
+        f"| `key_status` (the store verb) | {_seconds(empty.get('key_status'))} | "
+        f"{_seconds(loaded.get('key_status'))} | |"
+    )
+    sweep = loaded.get("sync_first_sweep")
+    lines.append(
+        f"| operator status sync, first sweep | {_sweep(empty.get('sync_first_sweep'))} | "
+        f"{_sweep(sweep)} | {_ratio_cell(ratio.get('sync_first_sweep'), sweep)} |"
+    )
+    if load:
+        lines += [
+            "",
+            f"History: {load['rows']:,} rows over {load['keys']} keys and {load['schedules']:,} "
+            f"schedules, loaded in {_num(load['insert_s'], ' s')} + VACUUM ANALYZE "
+            f"{_num(load['vacuum_analyze_s'], ' s')}; `schedlock_publishes` "
+            f"{_num(load['table_mb'], ' MB')}, {_num(load['heap_bytes_per_row'])} heap bytes a row.",
+        ]
+    targets_ = h.get("targets") or {}
+    p99_ratio, status_s = ratio.get("lateness_p99"), _get(loaded, "status_cli", "seconds")
+    status_capped = bool(_get(loaded, "status_cli", "censored"))
+    lines += ["", "| history target | measured | met |", "|---|---|---|"]
+    lines.append(
+        f"| lateness p99 with history ≤ {targets_.get('lateness_p99_ratio_max')}× empty | "
+        f"{_ratio_cell(p99_ratio)} | "
+        f"{_check(None if p99_ratio is None else p99_ratio <= targets_['lateness_p99_ratio_max'])} |"
+    )
+    lines.append(
+        f"| `schedlock status` with history < {_num(targets_.get('status_s_max'), ' s')} | "
+        f"{_seconds(loaded.get('status_cli'))} | "
+        f"{_check(None if status_s is None else not status_capped and status_s < targets_['status_s_max'])} |"
+    )
+    prune = h.get("prune") or {}
+    if prune.get("skipped"):
+        lines.append(f"| prune backlog | {prune['skipped']} | – |")
+    elif prune:
+        limit, late_max = targets_["prune_s_max"], targets_["prune_lateness_p99_ms_max"]
+        late = _get(prune, "lateness_ms", "p99")
+        lines.append(
+            f"| {prune['expired_at_start']:,} expired rows cleared within {_num(limit, ' s')} | "
+            f"{'' if prune['cleared'] else '≥ '}{_num(prune['seconds'], ' s')} "
+            f"({prune['rows_deleted']:,} deleted) | "
+            f"{_check(prune['cleared'] and prune['seconds'] <= limit)} |"
+        )
+        lines.append(
+            f"| … lateness p99 during the prune < {_num(late_max, ' ms')} | "
+            f"{_num(late, ' ms')} (p50 {_num(_get(prune, 'lateness_ms', 'p50'), ' ms')}, "
+            f"{_get(prune, 'lateness_ms', 'n')} rows) | {_check(None if late is None else late < late_max)} |"
+        )
+    return "\n".join(lines)
+
+
 ScaleColumn = tuple[str, Callable[[dict[str, Any]], str]]
 SCALE_COLUMNS: tuple[ScaleColumn, ...] = (
     ("sessions held", lambda r: _num(r["sessions_held"]["median"])),
@@ -312,6 +420,8 @@ def write(
         "",
         table_md,
         "",
+        history_table(doc),
+        "",
         "`≥` marks a distribution with capped trials (the run stopped waiting): its values are "
         "lower bounds. See docs/performance.md for what each number means and what bounds it.",
     ]
@@ -320,16 +430,48 @@ def write(
     (out / "latest.md").write_text("\n".join(text) + "\n")
 
 
+def _replace_block(text: str, begin: str, end: str, body: str) -> str:
+    if begin not in text or end not in text:
+        raise RuntimeError(f"{DOCS} lacks the markers {begin!r} … {end!r}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return head + "\n".join([begin, "", body, "", end]) + tail
+
+
 def write_docs(doc: dict[str, Any], table_md: str) -> None:
-    text = DOCS.read_text()
-    if BEGIN not in text or END not in text:
-        raise RuntimeError(f"{DOCS} lacks the markers {BEGIN!r} … {END!r}")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    block = "\n".join(
-        [BEGIN, "", f"Measured {doc['when']} on {machine_line(doc)}.", "", table_md, "", END]
-    )
-    DOCS.write_text(head + block + tail)
+    body = f"Measured {doc['when']} on {machine_line(doc)}.\n\n{table_md}"
+    DOCS.write_text(_replace_block(DOCS.read_text(), BEGIN, END, body))
+
+
+def write_history_docs(doc: dict[str, Any]) -> None:
+    """The ``history`` block of docs/performance.md (its own markers: it may run alone)."""
+    measured = (doc.get("history") or {}).get("measured") or {}
+    when = measured.get("when", doc["when"])
+    machine = measured.get("machine_line") or machine_line(doc)
+    body = f"Measured {when} on {machine}.\n\n{history_table(doc)}"
+    DOCS.write_text(_replace_block(DOCS.read_text(), HISTORY_BEGIN, HISTORY_END, body))
+
+
+def merge_partial(previous: dict[str, Any], doc: dict[str, Any], only: list[str]) -> dict[str, Any]:
+    """A run of some scenarios written over the results of an earlier run: the keys it ran
+    replace theirs, each stamped with when and on what it was measured; ``machine`` and
+    ``when`` stay the earlier run's (they describe the other keys)."""
+    merged = {key: previous.get(key) for key in ("machine", "when", *KEYS)}
+    for key in only:
+        entry = doc.get(key)
+        if isinstance(entry, dict):
+            entry = {
+                **entry,
+                "measured": {
+                    "when": doc["when"],
+                    "machine_line": machine_line(doc),
+                    "commit": _get(doc, "machine", "commit"),
+                    "profile": _get(doc, "machine", "profile"),
+                    "load_average_at_start": _get(doc, "machine", "load_average_at_start"),
+                },
+            }
+        merged[key] = entry
+    return merged
 
 
 def _plots(
@@ -386,12 +528,21 @@ def _plots(
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    if series.get("lateness_ms"):
+    for key, title, name in (
+        ("lateness_ms", "lateness CDF", "lateness_cdf.png"),
+        (
+            "history_lateness_ms",
+            "lateness CDF, schedlock: empty, history, prune",
+            "history_cdf.png",
+        ),
+    ):
+        if not series.get(key):
+            continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for system, values in series["lateness_ms"].items():
+        for system, values in series[key].items():
             if not values:
                 continue
-            flags = censored.get("lateness_ms", {}).get(system) or [False] * len(values)
+            flags = censored.get(key, {}).get(system) or [False] * len(values)
             ordered = sorted(max(v, 0.01) for v in values)
             fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
             missing = sum(flags)
@@ -400,11 +551,11 @@ def _plots(
         ax.set_xscale("log")
         ax.set_xlabel("lateness (arrival − due), ms")
         ax.set_ylabel("fraction of rows")
-        ax.set_title("lateness CDF")
+        ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
         fig.tight_layout()
-        path = out / "lateness_cdf.png"
+        path = out / name
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)

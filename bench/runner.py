@@ -10,7 +10,11 @@ Order and grouping (what may share the machine with what):
 4. idle queries and footprint — all five systems idling side by side, one window;
 5. operator — the burst of ScheduledPublish objects;
 6. scale — 5, 20 and 50 replicas of one target at max_connections 100, bounded vs baseline;
-7. cluster — the product in a real one-node cluster: leader pods deleted, a rolling update.
+7. history — the hot paths with 0 and with 5 M finished rows on one server, the prune backlog;
+8. cluster — the product in a real one-node cluster: leader pods deleted, a rolling update.
+
+A run of some scenarios only (``--only``) into a results directory that holds an earlier run
+replaces those scenarios' keys and keeps the others (``report.merge_partial``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import platform
 import shutil
@@ -36,7 +41,16 @@ from bench import peers, report
 from bench.context import Context
 from bench.env import BenchEnv
 from bench.profiles import PROFILES, Profile
-from bench.scenarios import cluster, failover, idle, lateness, operator, scale, throughput
+from bench.scenarios import (
+    cluster,
+    failover,
+    history,
+    idle,
+    lateness,
+    operator,
+    scale,
+    throughput,
+)
 from testbed.sidecars import REPO
 
 RESULTS = REPO / "bench" / "results"
@@ -117,6 +131,7 @@ async def _scenarios(ctx: Context, only: list[str], errors: list[str]) -> None:
         ("idle", IDLE, lambda keys: idle.run(ctx, keys)),
         ("operator", ("operator",), lambda _: operator.run(ctx)),
         ("scale", ("scale",), lambda _: scale.run(ctx)),
+        ("history", ("history",), lambda _: history.run(ctx)),
         ("cluster", ("cluster",), lambda _: cluster.run(ctx)),
     ]
     for family, keys, start in families:
@@ -161,12 +176,20 @@ def run(
     info["run_seconds"] = round(time.monotonic() - started, 1)
     info["scenarios"] = only
     document = report.document(info, when, ctx.results)
+    previous = out / "latest.json"
+    if set(only) != set(SCENARIOS) and previous.exists():
+        document = report.merge_partial(json.loads(previous.read_text()), document, only)
     table = report.table(document)
     print(table)
+    print(report.history_table(document))
     report.write(out, document, table, ctx.series, ctx.censored)
     if write_docs:
-        report.write_docs(document, table)
-        ctx.say("wrote the table into docs/performance.md")
+        if set(only) - {"history"}:
+            report.write_docs(document, table)
+            ctx.say("wrote the table into docs/performance.md")
+        if "history" in only and document.get("history"):
+            report.write_history_docs(document)
+            ctx.say("wrote the history table into docs/performance.md")
     ctx.say(f"done in {info['run_seconds']:.0f} s; results in {out}")
     if errors:
         for error in errors:

@@ -369,9 +369,13 @@ class SchedlockInstance(Instance):
             "SCHEDLOCK_TARGET": self.target,
             "SCHEDLOCK_TARGET_URL": self.receiver.url,
             "SCHEDLOCK_LOG_FORMAT": "json",  # timestamps to the millisecond, in UTC
-            **self.timings.schedlock_env(),
+            **self.settings(),
         }
         return SidecarProcess(name, self.workdir / "sidecars", env).start()
+
+    def settings(self) -> dict[str, str]:
+        """The sidecars' settings beyond the key and the app (the profile's timings)."""
+        return self.timings.schedlock_env()
 
     def leader_name(self) -> str | None:
         key = LockKey("publish", self.namespace, self.target)

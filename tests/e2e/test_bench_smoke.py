@@ -76,7 +76,18 @@ def test_bench_smoke_writes_every_key(tmp_path: Path, cluster_free_host: None) -
     for key in ("pod_delete_force_gap_ms", "pod_delete_gap_ms", "rolling_update"):
         assert_distribution(cluster[key], f"cluster.{key}")
         assert isinstance(cluster[key]["lost"], int), cluster[key]
+    history = document["history"]
+    for side in ("empty", "history"):
+        assert_distribution(history[side]["lateness_ms"], f"history.{side}.lateness_ms")
+        assert history[side]["throughput"]["fires"] >= 1, history[side]
+        for key in ("status_cli", "key_status", "sync_first_sweep"):
+            assert isinstance(history[side][key]["seconds"], float), history[side][key]
+    assert history["load"]["rows"] == history["rows"] and history["load"]["table_mb"] > 0
+    assert history["history"]["rows_in_table"] >= history["rows"]
+    prune = history["prune"]
+    assert prune.get("skipped") or (prune["cleared"] and prune["rows_deleted"] > 0), prune
     table = (out / "latest.md").read_text()
+    assert "| history target |" in table
     assert "failover SIGKILL" in table and "| schedlock target |" in table
     assert "| river | procrastinate |" in table and "no leader: n/a" in table
     assert run.stdout.count("| failover SIGKILL, ms |") == 1  # the table is printed too
