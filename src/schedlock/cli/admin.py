@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from schedlock.core.identities import parse_rfc3339, rfc3339
+from schedlock.core.redact import printable, scrub
 from schedlock.core.scheduling import parse_schedule
 from schedlock.core.settings import (
     EXIT_BAD_SETTING,
@@ -84,6 +85,12 @@ def _fail(command: str, message: str) -> int:
     return EXIT_FAILED
 
 
+def _shown(message: str, db: DatabaseSettings) -> str:
+    """An error as the terminal may show it: without the URL's secrets (a database message may
+    quote the connection string), and without control characters (it may quote the server)."""
+    return printable(scrub(message, db.database_url))
+
+
 def _with_store(
     command: str, db: DatabaseSettings, verb: Callable[[Store], Awaitable[T]], failure: str
 ) -> T | None:
@@ -94,9 +101,9 @@ def _with_store(
         try:
             return await verb(store)
         except SchemaTooNew as exc:
-            _fail(command, str(exc))
+            _fail(command, _shown(str(exc), db))
         except StoreError as exc:
-            _fail(command, f"{failure}: {exc}")
+            _fail(command, _shown(f"{failure}: {exc}", db))
         finally:
             await store.close()
         return None
