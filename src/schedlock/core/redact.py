@@ -455,11 +455,14 @@ def _spellings(written: str, value: str) -> set[str]:
         quote(value, safe="!$&'()*+,;=:~"),  # what a userinfo encoder leaves as is
         quote_plus(value),
         value.replace("\\", "\\\\").replace("'", "\\'"),  # psycopg's make_conninfo quoting
-        repr(value)[1:-1],
-        json.dumps(value)[1:-1],
-        json.dumps(value, ensure_ascii=False)[1:-1],
-        printable(value),
     }
+    for text in (written, value):  # as Python, JSON and our own logs quote either
+        spellings |= {
+            repr(text)[1:-1],
+            json.dumps(text)[1:-1],
+            json.dumps(text, ensure_ascii=False)[1:-1],
+            printable(text),
+        }
     return {s for s in spellings if s}
 
 
