@@ -31,12 +31,17 @@ def test_credentials_and_privileges_are_reported_and_recover(
         postgres.execute(f'CREATE ROLE "{role}" LOGIN')
     sidecar = sidecar_for(tmp_path, as_role(migrated_database, role), role)
     try:
-        words = (
-            f'role "{role}" does not exist' if problem == "unknown role" else "permission denied"
+        # /readyz says it in words; the log has the server's detail (naming the role)
+        words, detail = (
+            ("authentication failed: the role does not exist", f'role \\"{role}\\" does not exist')
+            if problem == "unknown role"
+            else ("privileges missing: as the schema owner run", "permission denied")
         )
         wait_for(
             lambda: not_ready_because(sidecar, words), timeout=20, what=f"/readyz to say {words}"
         )
+        assert role not in http_get(sidecar.url("/readyz"))[1]
+        wait_for(lambda: detail in sidecar.log_text(), timeout=20, what=f"the log to say {detail}")
         assert sidecar.alive()
         # Fix it while the sidecar runs: it recovers on its own.
         if problem == "unknown role":

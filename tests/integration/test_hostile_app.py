@@ -25,6 +25,14 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
     try:
         if path == "/garbage":
             writer.write(b"\x00\xffthis is not HTTP at all\r\n\r\n")
+        elif path == "/escapes":  # an answer that would clear a terminal and forge lines
+            body = b"\x1b[2J\x07boom\x1b]0;owned\x07\rforged\x9b"
+            writer.write(
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
         elif path == "/redirect":
             writer.write(
                 b"HTTP/1.1 302 Found\r\nLocation: http://example.invalid/\r\nContent-Length: 0\r\n\r\n"
@@ -80,6 +88,12 @@ def final_state(url: str, uid: str) -> tuple[str, int, str | None, int | None] |
         ("/garbage", "failed", "gave up after 2 attempts", None),
         ("/redirect", "failed", "HTTP 302", 302),
         ("/huge-error", "failed", "HTTP 500", 500),
+        (
+            "/escapes",
+            "failed",
+            "HTTP 500 from app: \\x1b[2J\\x07boom\\x1b]0;owned\\x07",
+            500,
+        ),
         ("/huge-ok", "published", None, 200),
         ("/drip", "failed", "timeout after 1s", None),
     ],
@@ -123,6 +137,7 @@ def test_hostile_answers_are_bounded_and_recorded(
         assert result[3] == status, result
         if error_part:
             assert result[2] is not None and error_part in result[2], result
+            assert not any(c in result[2] for c in "\x1b\x07\r\n\x9b"), result
         rss_kb = int(
             next(
                 line.split()[1]

@@ -26,6 +26,7 @@ from schedlock.core.payloads import (
     MAX_PAYLOAD_TEXT,
     parse_payload,
 )
+from schedlock.core.redact import printable, scrub
 from schedlock.core.scheduling import parse_schedule
 from schedlock.core.settings import (
     EXIT_BAD_SETTING,
@@ -128,6 +129,12 @@ def read_payload(raw: str, stdin: BinaryIO | None = None) -> dict[str, Any]:
     return parse_payload(text)
 
 
+def _shown(message: str, db: DatabaseSettings) -> str:
+    """An error as the terminal may show it: without the URL's secrets (a database message may
+    quote the connection string), and without control characters (it may quote the server)."""
+    return printable(scrub(message, db.database_url))
+
+
 def _with_store(
     command: str, db: DatabaseSettings, verb: Callable[[Store], Awaitable[T]], failure: str
 ) -> T:
@@ -138,9 +145,9 @@ def _with_store(
         try:
             return await verb(store)
         except SchemaTooNew as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(_shown(str(exc), db)) from exc
         except StoreError as exc:
-            raise CommandError(f"{failure}: {exc}") from exc
+            raise CommandError(_shown(f"{failure}: {exc}", db)) from exc
         finally:
             await store.close()
 

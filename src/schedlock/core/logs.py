@@ -5,6 +5,13 @@ Fields are stable: ``ts`` (RFC 3339 UTC, milliseconds, ``Z``), ``level``, ``logg
 for people and may change), plus whatever a call passes in ``extra={...}``.  Exceptions become
 ``exc`` (type and message) and ``trace``.  Every product log call passes
 ``extra={"event": Event.X, ...}``; records from libraries have no ``event``.
+
+Every record, the product's and the libraries' alike (a driver's pool logs its connection
+errors itself), is scrubbed of the process's secrets and of anything that looks like a password
+in a URL or a ``key=value`` pair (``schedlock.core.redact``) before it is written.  The text
+format escapes control characters (an app's answer with ESC or BEL in it, a name with a
+newline, cannot colour a terminal or forge a line); JSON escapes them by nature, and here also
+the C1 controls, direction marks and lone surrogates it would write as they are.
 """
 
 from __future__ import annotations
@@ -12,11 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
 from schedlock.core.identities import rfc3339_epoch
+from schedlock.core.redact import Scrubber, json_printable, printable
 
 # kopf attaches its whole settings object and internal flags to every record: not for logs.
 _DROPPED = frozenset({"settings", "k8s_skip"})
@@ -92,52 +101,101 @@ def records(text: str, *events: Event) -> Iterator[dict[str, Any]]:
             yield record
 
 
-class JsonFormatter(logging.Formatter):
+def _fields(record: logging.LogRecord) -> Iterator[tuple[str, Any]]:
+    """A record's own fields (``extra={...}``): not logging's, not private, not kopf's."""
+    for key, value in vars(record).items():
+        if key not in _RESERVED and key not in _DROPPED and not key.startswith("_"):
+            yield key, value
+
+
+class _Scrubbing(logging.Formatter):
+    """A formatter that scrubs every text of a record (see the module docstring)."""
+
+    def __init__(self, fmt: str | None = None, secrets: Iterable[str] = ()) -> None:
+        super().__init__(fmt)
+        self.scrub = Scrubber(secrets)
+
+    def _clean(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, list):
+            return [self._clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._clean(v) for k, v in value.items()}
+        return value
+
+
+class JsonFormatter(_Scrubbing):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "ts": rfc3339_epoch(record.created, "milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": self.scrub(record.getMessage()),
         }
-        for key, value in vars(record).items():
-            if key in _RESERVED or key.startswith("_") or key in _DROPPED:
-                continue
+        for key, value in _fields(record):
             if isinstance(value, str | int | float | bool | list | dict | type(None)):
-                entry[key] = value
+                entry[key] = self._clean(value)
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            entry["exc"] = f"{type(exc).__name__}: {exc}"
-            entry["trace"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+            entry["exc"] = self.scrub(f"{type(exc).__name__}: {exc}")
+            entry["trace"] = self.scrub(self.formatException(record.exc_info))
+        return json_printable(json.dumps(entry, default=str, ensure_ascii=False))
 
 
-class TextFormatter(logging.Formatter):
-    """For people: the message, then the structured fields as key=value."""
+class TextFormatter(_Scrubbing):
+    """For people: the message, then the structured fields as key=value; every text printable."""
 
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s", secrets)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        record.message = printable(self.scrub(record.getMessage()))
+        line = f"{self.formatTime(record)} {record.levelname:<7} {record.name}: {record.message}"
         extras = [
-            f"{key}={value}"
-            for key, value in vars(record).items()
-            if key not in _RESERVED
-            and key not in _DROPPED
-            and not key.startswith("_")
-            and isinstance(value, str | int | float | bool)
+            f"{key}={printable(self.scrub(str(value)))}"
+            for key, value in _fields(record)
+            if isinstance(value, str | int | float | bool)
         ]
-        return f"{line} {' '.join(extras)}" if extras else line
+        if extras:
+            line = f"{line} {' '.join(extras)}"
+        if record.exc_info and record.exc_info[1] is not None:
+            error = traceback.TracebackException.from_exception(record.exc_info[1])
+            line += "".join(f"\n{printable(self.scrub(part))}" for part in _trace_lines(error))
+        if record.stack_info:
+            lines = self.formatStack(record.stack_info).splitlines()
+            line += "".join(f"\n{printable(self.scrub(part))}" for part in lines)
+        return line
 
 
-def configure(level: str = "info", fmt: str = "json") -> None:
-    """Install one stderr handler on the root logger (idempotent)."""
+_CAUSE = ["", "The above exception was the direct cause of the following exception:", ""]
+_CONTEXT = ["", "During handling of the above exception, another exception occurred:", ""]
+
+
+def _trace_lines(error: traceback.TracebackException) -> Iterator[str]:
+    """A traceback as its lines, each exception's message one line of its own: a message with
+    a newline in it (an app's answer, a server's text) cannot forge the next log line."""
+    if error.__cause__ is not None:
+        yield from _trace_lines(error.__cause__)
+        yield from _CAUSE
+    elif error.__context__ is not None and not error.__suppress_context__:
+        yield from _trace_lines(error.__context__)
+        yield from _CONTEXT
+    if error.stack:
+        yield "Traceback (most recent call last):"
+        for frame in error.stack.format():
+            yield from frame.rstrip("\n").split("\n")
+    yield "".join(error.format_exception_only()).rstrip("\n")
+
+
+def configure(level: str = "info", fmt: str = "json", secrets: Iterable[str] = ()) -> None:
+    """Install one stderr handler on the root logger (idempotent); ``secrets`` (the spellings
+    of the process's passwords, ``schedlock.core.redact.secrets_of``) never reach it."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(secrets=secrets))
     else:
-        handler.setFormatter(TextFormatter())
+        handler.setFormatter(TextFormatter(secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

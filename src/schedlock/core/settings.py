@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
-from schedlock.core import logs
+from schedlock.core import logs, redact
 
 T = TypeVar("T")
 N = TypeVar("N", int, float)
@@ -161,6 +161,17 @@ def build(
     return instance
 
 
+def secrets_in(settings: Any) -> frozenset[str]:
+    """Every spelling of every secret in the URL and secret settings of a settings object,
+    which its process's logs never show (``logs.configure``)."""
+    found: set[str] = set()
+    for f, spec in specs(type(settings)):
+        value = getattr(settings, f.name)
+        if isinstance(value, str) and value and (spec.unit == "url" or spec.secret):
+            found |= redact.secrets_of(value)
+    return frozenset(found)
+
+
 def spec_of(cls: type[Any], name: str) -> SettingSpec:
     """The spec of one field, for cross-field errors raised by ``validate``."""
     for f, spec in specs(cls):
@@ -213,7 +224,7 @@ def add_command(
     def command(args: argparse.Namespace) -> int:
         settings = build(cls, args)
         if isinstance(settings, ServiceSettings):
-            logs.configure(settings.log_level, settings.log_format)
+            logs.configure(settings.log_level, settings.log_format, secrets_in(settings))
         return run(settings, args)
 
     parser.set_defaults(command=command, command_name=name)
@@ -341,10 +352,21 @@ def check_url(raw: str) -> str:
 
 
 def database_url(raw: str) -> str:
-    """``postgresql://…``/``postgres://…`` or ``sqlite:///path`` (not ``sqlite:///:memory:``)."""
+    """``postgresql://…``/``postgres://…`` or ``sqlite:///path`` (not ``sqlite:///:memory:``).
+
+    A URL libpq would refuse or misread is refused here, in words that never quote it; one that
+    is not a database URL at all is quoted redacted (a keyword/value string, ``mysql://…``).
+    """
     value = raw.strip()
-    scheme = value.split(":", 1)[0].lower()
+    scheme, colon, rest = value.partition(":")
+    scheme = scheme.lower() if colon and redact.SCHEME_NAME.fullmatch(scheme) else ""
     if scheme in ("postgresql", "postgres"):
+        value = f"{scheme}:{rest}"  # libpq knows the scheme in lower case only
+        if not rest.startswith("//"):
+            raise ValueError(f"must be {scheme}://[user[:password]@]host[:port]/dbname")
+        problem = redact.inspect(value).problem
+        if problem is not None:
+            raise ValueError(problem)
         return value
     if scheme == "sqlite":
         if not value.startswith("sqlite:///") or value == "sqlite:///" or ":memory:" in value:
@@ -352,8 +374,9 @@ def database_url(raw: str) -> str:
                 "sqlite URLs look like sqlite:///relative/path.db or sqlite:////abs/path.db"
             )
         return value
-    redacted = re.sub(r"//[^@/]*@", "//***@", value)
-    raise ValueError(f"must be a postgresql://… or sqlite:///path URL, got {redacted!r}")
+    found = redact.inspect(value)
+    got = "a value that is not one" if found.problem else repr(found.shown)
+    raise ValueError(f"must be a postgresql://… or sqlite:///path URL, got {got}")
 
 
 _HOST = re.compile(r"^[A-Za-z0-9.:-]{1,253}$")

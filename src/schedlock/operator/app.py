@@ -46,12 +46,14 @@ class Readiness:
         self.read_only: str | None = None  # the last re-assertion found a read-only server
         self.tasks: Supervisor | None = None  # the background tasks, once they run
 
+    # What is wrong in words: anyone who reaches the pod reads /readyz, and kubelet copies it
+    # into Events; the detail, which may quote the database, is in the log.
     def report_schema(self, error: StoreError | None) -> None:
         self.schema_ok = error is None
-        self.reason = str(error) if error is not None else "ok"
+        self.reason = error.summary if error is not None else "ok"
 
     def report_writes(self, error: StoreError | None) -> None:
-        self.read_only = str(error) if isinstance(error, ReadOnlyServer) else None
+        self.read_only = error.summary if isinstance(error, ReadOnlyServer) else None
 
     def __call__(self) -> tuple[bool, str]:
         if not self.schema_ok:

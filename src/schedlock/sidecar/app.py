@@ -27,6 +27,7 @@ import sys
 from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, serve
+from schedlock.core.redact import Scrubber, printable, redact, secrets_of
 from schedlock.core.settings import add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
@@ -61,6 +62,8 @@ class Sidecar:
         self.schema_ok = False
         self.not_ready_reason = "starting"
         self.http_port: int | None = None
+        # The app's check reports quote its URL, which may carry credentials of its own.
+        self.target_scrubber = Scrubber(secrets_of(settings.target_url, settings.target_ready_url))
         self.app = TargetWatch(
             derive_check(settings.target_url, settings.target_ready_url),
             interval=settings.target_check_seconds,
@@ -73,11 +76,14 @@ class Sidecar:
         )
 
     def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: what is wrong in words (anyone who reaches the pod reads it, and kubelet
+        copies it into Events); the detail, which may quote the database, is in the log."""
         if not self.schema_ok:
             return False, f"database not ready: {self.not_ready_reason}"
         if not self.app.up:
             return False, (
-                f"target unreachable ({self.app.check.url}): {self.app.reason}; "
+                f"target unreachable ({redact(self.app.check.url)}): "
+                f"{printable(self.target_scrubber(self.app.reason), 300)}; "
                 "not competing for leadership, its rows wait"
             )
         tasks_down = self.tasks.health() if self.tasks is not None else None
@@ -85,15 +91,17 @@ class Sidecar:
             return False, f"background task down: {tasks_down}"
         down = [e for e in self.electors if not e.settled]
         if down:
-            why = "; ".join(f"{e.key}: {e.last_error or 'connecting'}" for e in down)
+            why = "; ".join(f"{e.key}: {e.last_summary or 'connecting'}" for e in down)
             return False, f"lock sessions not connected: {why}"
-        refused = [e for e in self.electors if e.refused]
+        refused = [str(e.key) for e in self.electors if e.refused]
         if refused:
             # Ready all the same: the pod's readiness gates the app's traffic, and a database
             # out of slots is no reason to take the app out of service.  This replica holds no
             # session and backs off; the leader and standbys keep theirs.
-            why = "; ".join(f"{e.key}: {e.refused}" for e in refused)
-            return True, f"ok, as a reserve backing off (database out of connection slots): {why}"
+            return True, (
+                "ok, as a reserve backing off (database out of connection slots): "
+                + ", ".join(refused)
+            )
         return True, "ok"
 
     async def run(self) -> int:
@@ -119,7 +127,7 @@ class Sidecar:
                 "dialect": self.store.dialect,
                 "http_port": self.http_port,
                 "lease_seconds": self.settings.lease_seconds,
-                "target_check": self.app.check.url,
+                "target_check": redact(self.app.check.url),
             },
         )
         checking = asyncio.create_task(self._check_app(), name="target-check")
@@ -162,7 +170,7 @@ class Sidecar:
             self.schema_ok = True
             self.metrics.database_up.set(1)
             return
-        self.not_ready_reason = str(error)
+        self.not_ready_reason = error.summary
         if isinstance(error, (StoreUnavailable, SchemaNotCurrent)):
             self.metrics.database_up.set(0)
 

@@ -34,6 +34,7 @@ import aiohttp
 
 from schedlock import __version__
 from schedlock.core.identities import rfc3339
+from schedlock.core.redact import printable, scrub
 from schedlock.core.scheduling import AttemptResult, idempotency_key
 from schedlock.store import FireRow
 
@@ -48,6 +49,12 @@ class Delivery:
 
     attempt: AttemptResult
     connection_lost: bool = False
+
+
+def error_text(text: str, limit: int) -> str:
+    """An app's answer or a client error as ``last_error`` keeps it (and the row's Events and
+    the logs show it): printable, bounded, and without a URL's password."""
+    return printable(scrub(text), limit)
 
 
 def lost_connection(exc: BaseException) -> bool:
@@ -148,7 +155,7 @@ class Deliverer:
                     return Delivery(AttemptResult(status=response.status, error=None))
                 snippet = await response.content.read(MAX_ERROR_BODY)
                 text = snippet.decode("utf-8", "replace").strip().splitlines()
-                detail = f": {text[0][:200]}" if text else ""
+                detail = f": {error_text(text[0], 200)}" if text else ""
                 return Delivery(
                     AttemptResult(
                         status=response.status, error=f"HTTP {response.status} from app{detail}"
@@ -162,5 +169,5 @@ class Deliverer:
             error = f"cannot connect to app: {exc.os_error}"
             return Delivery(AttemptResult(status=None, error=error), lost_connection(exc))
         except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError) as exc:
-            error = f"{type(exc).__name__}: {exc}"[:300]
+            error = error_text(f"{type(exc).__name__}: {exc}", 300)
             return Delivery(AttemptResult(status=None, error=error), lost_connection(exc))

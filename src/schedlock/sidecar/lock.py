@@ -113,6 +113,7 @@ from schedlock.store import (
     TermStart,
     UnlockFailed,
     UnsafeConnection,
+    summary,
 )
 
 log = logging.getLogger("schedlock.lock")
@@ -214,6 +215,7 @@ class KeyElector:
     sleep: Callable[..., Awaitable[object]] = sleep_unless
     role: Role = field(default=Role.DISCONNECTED, init=False)
     last_error: str | None = field(default=None, init=False)  # why the last session ended
+    last_summary: str | None = field(default=None, init=False)  # the same in words (/readyz)
     refused: str | None = field(default=None, init=False)  # the last refusal, until a connect
     next_check_at: float | None = field(default=None, init=False)  # a reserve's next check
     _turns: _Turns | None = field(default=None, init=False)
@@ -266,7 +268,7 @@ class KeyElector:
                 await session.connect()
                 opened = True
                 self.metrics.sessions.inc()
-                self.last_error = None
+                self.last_error = self.last_summary = None
                 self.refused = None
                 self.refusals.reset()
                 self.reconnect.reset()
@@ -291,7 +293,7 @@ class KeyElector:
                 self._on_refused(exc)
             except RETRIED as exc:
                 failed = True
-                self.last_error = str(exc)
+                self.last_error, self.last_summary = str(exc), summary(exc)
                 if isinstance(exc, StoreUnavailable):
                     self.metrics.database_up.set(0)
                 level = logging.WARNING if self.role is Role.LEADING else logging.INFO

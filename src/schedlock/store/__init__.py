@@ -17,8 +17,10 @@ from collections.abc import Callable
 
 from schedlock.core.aio import Backoff, sleep_unless
 from schedlock.core.logs import Event
+from schedlock.core.redact import redact
 from schedlock.store.contract import HeldLock, LockSession, Store
 from schedlock.store.errors import (
+    BadDatabaseUrl,
     ConnectionsExhausted,
     LeadershipLost,
     LockKeyCollision,
@@ -34,6 +36,7 @@ from schedlock.store.errors import (
     UnlockFailed,
     UnsafeConnection,
     schema_too_new,
+    summary,
 )
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
 from schedlock.store.models import (
@@ -67,6 +70,7 @@ __all__ = [
     "RECORDED_OUTCOMES",
     "SCHEDLOCK_CLASS_ID",
     "STANDBY_CLASS_ID",
+    "BadDatabaseUrl",
     "Channel",
     "ClaimResult",
     "Completion",
@@ -107,6 +111,7 @@ __all__ = [
     "UpsertResult",
     "ensure_schema",
     "open_store",
+    "summary",
     "wait_for_schema",
 ]
 
@@ -134,7 +139,10 @@ async def ensure_schema(store: Store, *, migrate: bool, component: str | None = 
         if missing:
             raise MissingPrivileges(
                 f"role {role!r} lacks {', '.join(missing)}: as the schema owner run "
-                f"`schedlock migrate --grant-{component} {role}`"
+                f"`schedlock migrate --grant-{component} {role}`",
+                summary=f"privileges missing: as the schema owner run "
+                f"`schedlock migrate --grant-{component} ROLE` (the log names the role and "
+                "the privileges)",
             )
 
 
@@ -162,25 +170,41 @@ async def wait_for_schema(
             await ensure_schema(store, migrate=migrate, component=component)
         except fatal:
             raise
+        # Each failure: the caller's readiness shows its summary (words), the log has both
+        # (the detail was scrubbed of the URL's secrets when the store made the error).
         except SchemaTooNew as exc:
             # Refuse to run, but stay up and say why: `schedlock migrate --to` run by the
             # newer release, or an upgraded image, fixes it without a crash loop.
             report(exc)
             log.error(
                 "database schema is newer than this binary",
-                extra={"event": Event.DATABASE_SCHEMA_NEWER, "error": str(exc)},
+                extra={
+                    "event": Event.DATABASE_SCHEMA_NEWER,
+                    "reason": exc.summary,
+                    "error": str(exc),
+                },
             )
         except (StoreUnavailable, SchemaNotCurrent) as exc:
             report(exc)
             log.warning(
                 "database not ready, retrying",
-                extra={"event": Event.DATABASE_NOT_READY, "error": str(exc), "retry_in_s": delay},
+                extra={
+                    "event": Event.DATABASE_NOT_READY,
+                    "reason": exc.summary,
+                    "error": str(exc),
+                    "retry_in_s": delay,
+                },
             )
         except StoreError as exc:
             report(exc)
             log.warning(
                 "database not usable yet, retrying",
-                extra={"event": Event.DATABASE_NOT_USABLE, "error": str(exc), "retry_in_s": delay},
+                extra={
+                    "event": Event.DATABASE_NOT_USABLE,
+                    "reason": exc.summary,
+                    "error": str(exc),
+                    "retry_in_s": delay,
+                },
             )
         else:
             report(None)
@@ -208,4 +232,4 @@ def open_store(url: str, *, application_name: str = "schedlock", pool_size: int 
         from schedlock.store.sqlite import SqliteConnector
 
         return SqlStore(SqliteConnector(url))
-    raise StoreError(f"unsupported database URL scheme {scheme!r}")
+    raise BadDatabaseUrl(f"unsupported database URL: {redact(url)}")

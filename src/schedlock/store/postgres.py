@@ -26,9 +26,11 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from schedlock.core.logs import Event
+from schedlock.core.redact import inspect, scrub
 from schedlock.core.timings import LeaseTimings
 from schedlock.store import queries
 from schedlock.store.errors import (
+    BadDatabaseUrl,
     ConnectionsExhausted,
     LeadershipLost,
     LockKeyCollision,
@@ -38,6 +40,7 @@ from schedlock.store.errors import (
     StoreUnavailable,
     UnlockFailed,
     UnsafeConnection,
+    failure_words,
     is_exhausted,
 )
 from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
@@ -134,9 +137,9 @@ async def _guard(call: Awaitable[T]) -> T:
     except psycopg.errors.ReadOnlySqlTransaction as exc:
         # The server became read-only under an open session (default_transaction_read_only
         # set and reloaded): retryable, and never a write that half happened.
-        raise ReadOnlyServer(f"{_describe(exc)}: the server is read-only") from exc
+        raise _failure(ReadOnlyServer, exc, suffix=": the server is read-only") from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        raise StoreUnavailable(_describe(exc)) from exc
+        raise _failure(StoreUnavailable, exc) from exc
     except (
         psycopg.errors.UndefinedTable,
         psycopg.errors.UndefinedColumn,
@@ -147,11 +150,24 @@ async def _guard(call: Awaitable[T]) -> T:
             "was it taken down with `schedlock migrate --to`?"
         ) from exc
     except psycopg.Error as exc:
-        raise StoreError(_describe(exc)) from exc
+        raise _failure(StoreError, exc) from exc
 
 
-def _describe(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+E = TypeVar("E", bound=StoreError)
+
+
+def _failure(cls: type[E], exc: psycopg.Error, url: str = "", suffix: str = "") -> E:
+    """The store's error for a driver error: its detail scrubbed of the URL's secrets (a
+    driver message may quote the connection string), its summary from the SQLSTATE."""
+    return cls(
+        f"{_describe(exc, url)}{suffix}",
+        summary=failure_words(getattr(exc, "sqlstate", None), str(exc)),
+    )
+
+
+def _describe(exc: BaseException, url: str = "") -> str:
+    text = str(exc).strip()
+    return scrub(text.splitlines()[0], url) if text else type(exc).__name__
 
 
 def connect_kwargs(application_name: str, connect_timeout: float = 5) -> dict[str, Any]:
@@ -176,13 +192,23 @@ async def connect(url: str, *, application_name: str, connect_timeout: float = 5
     A multi-host URL (``postgresql://a:5432,b:5432/db?target_session_attrs=read-write``) is
     libpq's own way to find the primary; the check below refuses whatever it lands on that
     is in recovery or read-only, with a reason naming the server.
+
+    A URL libpq would refuse, or misread (part of the password taken for a host), never
+    reaches it: libpq's parse errors quote the string they could not parse.
     """
+    problem = inspect(url).problem
+    if problem is not None:
+        raise BadDatabaseUrl(problem)
     try:
         conn: Conn = await psycopg.AsyncConnection.connect(
             url, **connect_kwargs(application_name, connect_timeout)
         )
+    except psycopg.ProgrammingError:
+        # A string libpq parses otherwise than we do: say so, quoting none of its message.
+        # Not chained: the cause's message is the one that quotes the string.
+        raise BadDatabaseUrl("the URL could not be parsed (libpq refused it)") from None
     except psycopg.Error as exc:
-        raise StoreUnavailable(_describe(exc)) from exc
+        raise _failure(StoreUnavailable, exc, url) from exc
     await _writable_or_closed(conn)
     return conn
 
