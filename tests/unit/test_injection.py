@@ -396,6 +396,7 @@ def test_a_malformed_manifest_is_one_line_and_exit_2(
     assert code == 2 and out == "", err
     assert err.count("\n") == 1 and err.startswith("schedlock inject: error: "), err
     assert line in err
+    assert "sys.set_int_max_str_digits" not in err
 
 
 def test_a_manifest_file_that_is_not_utf8_is_one_line(

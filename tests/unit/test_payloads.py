@@ -101,6 +101,7 @@ def test_each_refusal_is_one_line(text: str, said: str) -> None:
         parse_payload(text)
     assert str(refused.value).startswith(said)
     assert "\n" not in str(refused.value)
+    assert "sys." not in str(refused.value), "advice for Python programmers, not for users"
 
 
 def test_non_utf8_bytes_are_refused() -> None:

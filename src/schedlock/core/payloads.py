@@ -164,10 +164,17 @@ def parse_payload(text: str | bytes, *, stored: bool = False) -> dict[str, Any]:
         raise
     except (ValueError, RecursionError) as exc:
         # ValueError: an integer of more digits than Python converts (sys.int_info).
-        raise PayloadError(f"payload cannot be read: {str(exc).splitlines()[0]}") from None
+        raise PayloadError(f"payload cannot be read: {reason_of(exc)}") from None
     if stored:
         problem = _shape_problem(value)
         if problem:
             raise PayloadError(problem)
         return dict(value)
     return check_payload(value)
+
+
+def reason_of(exc: BaseException) -> str:
+    """A parser's error as a user may read it: its first line up to the advice CPython appends
+    for Python programmers (the integer limit's "; use sys.set_int_max_str_digits() …")."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text.split("; use sys.", 1)[0]

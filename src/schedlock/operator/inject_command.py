@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from schedlock.core.payloads import reason_of
 from schedlock.core.settings import (
     EXIT_BAD_SETTING,
     CommandError,
@@ -109,7 +110,9 @@ def parse_manifests(data: bytes | str) -> list[Any]:
     except RecursionError:
         raise _refused("the manifests are nested too deep to be read") from None
     except (ValueError, OverflowError) as exc:  # a scalar the constructor cannot make
-        raise _refused(f"the manifests hold a value that cannot be read: {exc}") from None
+        raise _refused(
+            f"the manifests hold a value that cannot be read: {reason_of(exc)}"
+        ) from None
 
 
 def inject_document(doc: Any, number: int, config: InjectionConfig, warnings: list[str]) -> Any:
