@@ -137,6 +137,7 @@ def test_hostile_answers_are_bounded_and_recorded(
         assert result[3] == status, result
         if error_part:
             assert result[2] is not None and error_part in result[2], result
+            assert result[2].count("from app") <= 1, result  # said once, not twice
             assert not any(c in result[2] for c in "\x1b\x07\r\n\x9b"), result
         rss_kb = int(
             next(

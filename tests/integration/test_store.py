@@ -509,3 +509,44 @@ def test_a_burst_on_a_busy_pool_probes_once_per_wait_not_once_per_waiter(
     with psycopg.connect(migrated_database) as conn:
         count = conn.execute("SELECT count(*) FROM schedlock_publishes").fetchone()
     assert count == (41,)
+
+
+def test_a_batch_too_large_to_name_in_a_notice_is_recorded_and_notified_without_ids(
+    migrated_database: str,
+) -> None:
+    """pg_notify takes at most 8,000 bytes: a batch of 1,000 outcomes (SCHEDLOCK_CONCURRENCY
+    goes to 1,024) is still recorded, and its notice names no ids, so the operator sweeps."""
+    import json
+
+    from schedlock.store import Channel
+    from schedlock.store.notices import parse_outcomes
+
+    async def run() -> None:
+        store = open_store(migrated_database)
+        with psycopg.connect(migrated_database, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO schedlock_publishes (namespace, name, uid, target, due_at,"
+                " next_attempt_at) SELECT 'default', 'big-' || g, 'big-' || g, 'demo',"
+                " now() - interval '1 s', now() - interval '1 s' FROM generate_series(1, 1000) g"
+            )
+        notes: asyncio.Queue[str | bytes] = asyncio.Queue()
+        ready = asyncio.Event()
+        listener = asyncio.create_task(store.listen(Channel.OUTCOMES, notes.put_nowait, ready))
+        await asyncio.wait_for(ready.wait(), 10)
+        session = store.lock_session(KEY, "a", 10)
+        await session.connect()
+        await session.acquire()
+        term = (await session.begin_term()).term
+        rows = (await session.claim_due(term, 1000)).rows
+        assert len(rows) == 1000
+        done = [Completion(r.id, "published", status=200) for r in rows]
+        assert await session.complete(term, done) == 1000
+        payload = await asyncio.wait_for(notes.get(), 5)
+        assert json.loads(payload)["ids"] is None
+        assert parse_outcomes(payload).garbled, "the operator must sweep for these"
+        await session.release(term)
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+        await store.close()
+
+    asyncio.run(run())

@@ -155,12 +155,9 @@ class Deliverer:
                     return Delivery(AttemptResult(status=response.status, error=None))
                 snippet = await response.content.read(MAX_ERROR_BODY)
                 text = snippet.decode("utf-8", "replace").strip().splitlines()
-                detail = f": {error_text(text[0], 200)}" if text else ""
-                return Delivery(
-                    AttemptResult(
-                        status=response.status, error=f"HTTP {response.status} from app{detail}"
-                    )
-                )
+                # the body's first line only: "HTTP <status> from app" is the decision's to say
+                detail = error_text(text[0], 200) if text else None
+                return Delivery(AttemptResult(status=response.status, error=detail))
         except TimeoutError:
             return Delivery(
                 AttemptResult(status=None, error=f"timeout after {self.timeout_seconds:g}s")

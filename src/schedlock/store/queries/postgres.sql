@@ -207,7 +207,11 @@ SELECT count(*) AS completed,
        pg_notify(%(channel)s, json_build_object(
            'scheduler', %(scheduler)s::text, 'namespace', %(namespace)s::text,
            'target', %(target)s::text, 'term', %(term)s::bigint,
-           'ids', COALESCE(json_agg(done.id), '[]'::json))::text) AS notified
+           -- pg_notify refuses more than 8,000 bytes, which would fail the whole batch: past
+           -- 350 ids (at most 20 bytes each) the notice names none, and the operator, which
+           -- cannot use it, sweeps instead (schedlock.store.notices.parse_outcomes).
+           'ids', CASE WHEN count(*) <= 350 THEN COALESCE(json_agg(done.id), '[]'::json) END
+       )::text) AS notified
 FROM done;
 
 -- name: next_slot
