@@ -53,7 +53,6 @@ from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
 from schedlock.store import Store, open_store
 from testbed.rows import fetch
-from testbed.sidecars import SidecarProcess
 
 LEAD_IN_S = 2.0
 TARGET_P99_RATIO = 1.5
@@ -63,7 +62,7 @@ PRUNE_LATENESS_P99_MS = 100.0  # the product's lateness target (docs/performance
 PRUNE_ROWS_PER_S = 50.0
 PRUNE_POLL_S = 5.0
 RETENTION_OFF = {"SCHEDLOCK_RETENTION_SECONDS": "0", "SCHEDLOCK_FAILED_RETENTION_SECONDS": "0"}
-PRUNED_METRIC = "schedlock_history_pruned_rows_total{"
+DELETED = "SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = 'schedlock_publishes'"
 FINISHED = "('published', 'failed', 'missed', 'cancelled')"
 
 
@@ -343,15 +342,11 @@ def _ratio(loaded: float | None, empty: float | None) -> float | None:
 # -- the prune backlog --------------------------------------------------------------------------
 
 
-def _pruned(inst: HistoryInstance) -> int:
-    """Rows of schedlock_publishes the sidecars pruned so far, by their own counters."""
-    total = 0.0
-    for replica in inst.replicas:
-        if isinstance(replica, SidecarProcess):
-            for name, value in replica.metrics().items():
-                if name.startswith(PRUNED_METRIC) and 'table="publishes"' in name:
-                    total += value
-    return int(total)
+def _deleted(inst: HistoryInstance) -> int:
+    """Rows deleted from schedlock_publishes so far, by the statistics collector (the
+    pruner's own counter, schedlock_history_pruned_rows_total, moves only when a pass ends:
+    a pass through a 2 M-row backlog is one pass)."""
+    return int(fetch(inst.db_url, DELETED)[0][0])
 
 
 async def _prune(
@@ -371,7 +366,7 @@ async def _prune(
     )
     # Counted once before and once after: a count reads every expired row's index entry, and
     # polled every few seconds it would take a core from the pruner.  While it runs, progress
-    # is the sidecars' own counter and the end an index probe for any expired row left.
+    # is the statistics' deleted rows and the end an index probe for any expired row left.
     expired_at_start = int(fetch(inst.db_url, f"SELECT count(*) {expired}")[0][0])
     before_total = int(fetch(inst.db_url, "SELECT count(*) FROM schedlock_publishes")[0][0])
     stream = RowStream(
@@ -388,6 +383,7 @@ async def _prune(
     }
     ctx.say(f"history prune: {expired_at_start:,} expired rows (retention {retention:,.0f} s)")
     progress: list[tuple[float, int]] = []
+    deleted_before = _deleted(inst)
     started = time.monotonic()
     await _start(inst, env)
     try:
@@ -399,7 +395,8 @@ async def _prune(
             if time.monotonic() >= next_poll:
                 next_poll += PRUNE_POLL_S
                 left = bool(fetch(inst.db_url, f"SELECT EXISTS (SELECT 1 {expired})")[0][0])
-                progress.append((round(time.monotonic() - started, 1), _pruned(inst)))
+                deleted = _deleted(inst) - deleted_before
+                progress.append((round(time.monotonic() - started, 1), deleted))
         cleared_s = time.monotonic() - started
         drain_until = time.time() + p.lateness_drain_s
         while time.time() < drain_until:
@@ -426,7 +423,7 @@ async def _prune(
         "cleared": not left,
         "seconds": round(cleared_s, 1),
         "rows_deleted": before_total + stream.issued - after_total,
-        "progress": progress,  # (seconds, rows the sidecars pruned so far)
+        "progress": progress,  # (seconds, rows deleted so far)
         "lateness_ms": entry,
     }
     ctx.say(
