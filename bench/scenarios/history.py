@@ -60,7 +60,9 @@ TARGET_STATUS_S = 2.0
 TARGET_PRUNE_S = 600.0
 PRUNE_LATENESS_P99_MS = 100.0  # the product's lateness target (docs/performance.md)
 PRUNE_ROWS_PER_S = 50.0
+PRUNE_POLL_S = 5.0
 RETENTION_OFF = {"SCHEDLOCK_RETENTION_SECONDS": "0", "SCHEDLOCK_FAILED_RETENTION_SECONDS": "0"}
+DELETED = "SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = 'schedlock_publishes'"
 FINISHED = "('published', 'failed', 'missed', 'cancelled')"
 
 
@@ -340,6 +342,13 @@ def _ratio(loaded: float | None, empty: float | None) -> float | None:
 # -- the prune backlog --------------------------------------------------------------------------
 
 
+def _deleted(inst: HistoryInstance) -> int:
+    """Rows deleted from schedlock_publishes so far, by the statistics collector (the
+    pruner's own counter, schedlock_history_pruned_rows_total, moves only when a pass ends:
+    a pass through a 2 M-row backlog is one pass)."""
+    return int(fetch(inst.db_url, DELETED)[0][0])
+
+
 async def _prune(
     ctx: Context, inst: HistoryInstance, loaded: history_rows.Loaded
 ) -> dict[str, Any]:
@@ -351,10 +360,14 @@ async def _prune(
     backlog = min(p.history_backlog_rows, loaded.rows)
     # The retention is set when the sidecars start; a minute's margin for the start itself.
     retention = loaded.retention_leaving(backlog, time.time() + 60)
-    expired_sql = (
-        f"SELECT count(*) FROM schedlock_publishes WHERE state IN {FINISHED} "
+    expired = (
+        f"FROM schedlock_publishes WHERE state IN {FINISHED} "
         f"AND updated_at < now() - make_interval(secs => {retention:.3f})"
     )
+    # Counted once before and once after: a count reads every expired row's index entry, and
+    # polled every few seconds it would take a core from the pruner.  While it runs, progress
+    # is the statistics' deleted rows and the end an index probe for any expired row left.
+    expired_at_start = int(fetch(inst.db_url, f"SELECT count(*) {expired}")[0][0])
     before_total = int(fetch(inst.db_url, "SELECT count(*) FROM schedlock_publishes")[0][0])
     stream = RowStream(
         inst.db_url,
@@ -368,21 +381,22 @@ async def _prune(
         "SCHEDLOCK_FAILED_RETENTION_SECONDS": f"{retention:.0f}",
         "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": "5",
     }
+    ctx.say(f"history prune: {expired_at_start:,} expired rows (retention {retention:,.0f} s)")
     progress: list[tuple[float, int]] = []
+    deleted_before = _deleted(inst)
     started = time.monotonic()
     await _start(inst, env)
     try:
-        expired = int(fetch(inst.db_url, expired_sql)[0][0])
-        progress.append((0.0, expired))
-        ctx.say(f"history prune: {expired:,} expired rows (retention {retention:,.0f} s)")
-        next_poll = time.monotonic() + 5
-        while expired > 0 and time.monotonic() - started < p.history_prune_cap_s:
+        left = True
+        next_poll = time.monotonic() + PRUNE_POLL_S
+        while left and time.monotonic() - started < p.history_prune_cap_s:
             stream.top_up()
             await asyncio.sleep(0.25)
             if time.monotonic() >= next_poll:
-                next_poll += 5
-                expired = int(fetch(inst.db_url, expired_sql)[0][0])
-                progress.append((round(time.monotonic() - started, 1), expired))
+                next_poll += PRUNE_POLL_S
+                left = bool(fetch(inst.db_url, f"SELECT EXISTS (SELECT 1 {expired})")[0][0])
+                deleted = _deleted(inst) - deleted_before
+                progress.append((round(time.monotonic() - started, 1), deleted))
         cleared_s = time.monotonic() - started
         drain_until = time.time() + p.lateness_drain_s
         while time.time() < drain_until:
@@ -390,6 +404,7 @@ async def _prune(
     finally:
         stream.close()
         _stop(inst)
+    expired_at_end = int(fetch(inst.db_url, f"SELECT count(*) {expired}")[0][0]) if left else 0
     cutoff = time.time()
     # the rows due before the drain began: each had the drain's time to arrive
     due = {
@@ -403,17 +418,17 @@ async def _prune(
     after_total = int(fetch(inst.db_url, "SELECT count(*) FROM schedlock_publishes")[0][0])
     result = {
         "retention_s": round(retention),
-        "expired_at_start": progress[0][1],
-        "expired_at_end": expired,
-        "cleared": expired == 0,
+        "expired_at_start": expired_at_start,
+        "expired_at_end": expired_at_end,
+        "cleared": not left,
         "seconds": round(cleared_s, 1),
         "rows_deleted": before_total + stream.issued - after_total,
-        "progress": progress,
+        "progress": progress,  # (seconds, rows deleted so far)
         "lateness_ms": entry,
     }
     ctx.say(
         f"history prune: {result['rows_deleted']:,} rows deleted in {result['seconds']} s, "
-        f"{expired:,} expired left; lateness p50 {entry['p50']} / p99 {entry['p99']} ms"
+        f"{expired_at_end:,} expired left; lateness p50 {entry['p50']} / p99 {entry['p99']} ms"
     )
     return result
 
