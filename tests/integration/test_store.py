@@ -15,11 +15,13 @@ from schedlock.store import (
     LeadershipLost,
     LockKey,
     LockKeyCollision,
+    LockSession,
     PublishSpec,
     RecordedOutcome,
     RowVersion,
     ScheduleSpec,
     SchemaTooNew,
+    Store,
     open_store,
 )
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
@@ -312,24 +314,38 @@ def test_followers_wait_without_queries(migrated_database: str, postgres: object
     asyncio.run(run())
 
 
+async def _listen_to_outcomes(
+    store: Store,
+) -> tuple[asyncio.Queue[str | bytes], asyncio.Task[None]]:
+    """The operator's own LISTEN on the outcomes channel (a dedicated session of the store's),
+    in place before the caller goes on."""
+    from schedlock.store import Channel
+
+    notes: asyncio.Queue[str | bytes] = asyncio.Queue()
+    ready = asyncio.Event()
+    listener = asyncio.create_task(store.listen(Channel.OUTCOMES, notes.put_nowait, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    return notes, listener
+
+
+async def _lead(store: Store) -> tuple[LockSession, int]:
+    """A lock session of KEY that holds its lock and has begun a term."""
+    session = store.lock_session(KEY, "a", 10)
+    await session.connect()
+    await session.acquire()
+    return session, (await session.begin_term()).term
+
+
 def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: str) -> None:
     import json
-
-    from schedlock.store import Channel
 
     async def run() -> None:
         store = open_store(migrated_database)
         for uid in ("n1", "n2"):
             await store.upsert_publish(spec(uid=uid, due_in=-1))
         # The operator's own LISTEN (a dedicated session of the store's).
-        notes: asyncio.Queue[str | bytes] = asyncio.Queue()
-        ready = asyncio.Event()
-        listener = asyncio.create_task(store.listen(Channel.OUTCOMES, notes.put_nowait, ready))
-        await asyncio.wait_for(ready.wait(), 10)
-        session = store.lock_session(KEY, "a", 10)
-        await session.connect()
-        await session.acquire()
-        term = (await session.begin_term()).term
+        notes, listener = await _listen_to_outcomes(store)
+        session, term = await _lead(store)
         rows = (await session.claim_due(term, 10)).rows
         await session.complete(term, [Completion(r.id, "published", status=200) for r in rows])
         payload = json.loads(await asyncio.wait_for(notes.get(), 5))
@@ -518,7 +534,6 @@ def test_a_batch_too_large_to_name_in_a_notice_is_recorded_and_notified_without_
     goes to 1,024) is still recorded, and its notice names no ids, so the operator sweeps."""
     import json
 
-    from schedlock.store import Channel
     from schedlock.store.notices import parse_outcomes
 
     async def run() -> None:
@@ -529,14 +544,8 @@ def test_a_batch_too_large_to_name_in_a_notice_is_recorded_and_notified_without_
                 " next_attempt_at) SELECT 'default', 'big-' || g, 'big-' || g, 'demo',"
                 " now() - interval '1 s', now() - interval '1 s' FROM generate_series(1, 1000) g"
             )
-        notes: asyncio.Queue[str | bytes] = asyncio.Queue()
-        ready = asyncio.Event()
-        listener = asyncio.create_task(store.listen(Channel.OUTCOMES, notes.put_nowait, ready))
-        await asyncio.wait_for(ready.wait(), 10)
-        session = store.lock_session(KEY, "a", 10)
-        await session.connect()
-        await session.acquire()
-        term = (await session.begin_term()).term
+        notes, listener = await _listen_to_outcomes(store)
+        session, term = await _lead(store)
         rows = (await session.claim_due(term, 1000)).rows
         assert len(rows) == 1000
         done = [Completion(r.id, "published", status=200) for r in rows]
