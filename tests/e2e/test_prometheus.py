@@ -32,7 +32,13 @@ SCRAPE = "1s"
 # is marked stale), an evaluation to go pending, FOR, an evaluation to fire, our polling.
 FIRING_WITHIN = FOR_SECONDS + 1 + 0.8 + 1 + 1 + 2.2
 LEASE, HEARTBEAT = 4.0, 1.0
-FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": str(HEARTBEAT)}
+FAST = {
+    "SCHEDLOCK_LEASE_SECONDS": str(LEASE),
+    "SCHEDLOCK_HEARTBEAT_SECONDS": str(HEARTBEAT),
+    # The history panels read what a leader measures at each pruning attempt: one a second,
+    # not one a minute, so a new leader has them within the test's wait.
+    "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": "1",
+}
 SLACK = 1.0  # what a hand-over may add to the design's bound on a shared, noisy machine
 KEYS = {("publish", "default", "demo"), ("recurring", "default", "demo")}
 

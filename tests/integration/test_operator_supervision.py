@@ -29,9 +29,14 @@ class FlakyApi:
 
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         uid = self.uids.get(name)
-        if uid is None:
+        return None if uid is None else self.indexed(uid)
+
+    def indexed(self, uid: str) -> dict[str, Any] | None:
+        """The object as kopf's index holds it (the sync reads it there, no GET)."""
+        names = [name for name, known in self.uids.items() if known == uid]
+        if not names:
             return None
-        meta = {"namespace": namespace, "name": name, "uid": uid, "generation": 1}
+        meta = {"namespace": "default", "name": names[0], "uid": uid, "generation": 1}
         return {"metadata": meta, "spec": {}, "status": {}}
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
@@ -67,7 +72,15 @@ def test_a_dead_status_sync_is_restarted_and_readyz_shows_it_meanwhile(
         readiness.report_schema(None)
         readiness.kopf_ready.set()
         stopping = asyncio.Event()
-        sync = StatusSync(store, api, sweep_seconds=60, holder="op-test")
+        sync = StatusSync(
+            store,
+            api,
+            sweep_seconds=60,
+            catch_up_seconds=3600,
+            holder="op-test",
+            known=api.indexed,
+        )
+        sync.listed.set()  # kopf has listed the objects: its index is whole
         try:
             async with Supervisor("operator", stopping=stopping, stop_timeout=5) as tasks:
                 readiness.tasks = tasks

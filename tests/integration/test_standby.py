@@ -136,8 +136,12 @@ def sidecar(tmp_path: Path, name: str, url: str, target_url: str) -> SidecarProc
     ).start()
 
 
-def never_leads_while(process: SidecarProcess, seconds: float, words: str) -> None:
-    """Not ready (the reason containing ``words``) and schedlock_leader 0 for ``seconds``."""
+READ_ONLY = "the server is read-only or a standby"  # /readyz's words: it never names the server
+
+
+def never_leads_while(process: SidecarProcess, seconds: float, detail: str) -> None:
+    """Not ready and schedlock_leader 0 for ``seconds``: /readyz says why in words that name
+    no server (anyone who reaches the pod reads it), the log has the ``detail``."""
     deadline = time.monotonic() + seconds
     seen_reason = False
     while time.monotonic() < deadline:
@@ -145,11 +149,13 @@ def never_leads_while(process: SidecarProcess, seconds: float, words: str) -> No
         status, body = http_get(process.url("/readyz"))
         if status:
             assert status == 503, body
-            seen_reason = seen_reason or words in body
+            assert "127.0.0.1" not in body, body
+            seen_reason = seen_reason or READ_ONLY in body
         leader = [v for k, v in process.metrics().items() if k.startswith("schedlock_leader{")]
         assert all(v == 0 for v in leader), process.metrics()
         time.sleep(0.2)
     assert seen_reason, http_get(process.url("/readyz"))
+    assert detail in process.log_text(), process.log_text()[-3000:]
 
 
 def test_a_sidecar_on_a_hot_standby_stays_not_ready_and_never_leads_until_promoted(
