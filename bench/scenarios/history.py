@@ -62,8 +62,8 @@ PRUNE_LATENESS_P99_MS = 100.0  # the product's lateness target (docs/performance
 PRUNE_ROWS_PER_S = 50.0
 PRUNE_POLL_S = 5.0
 RETENTION_OFF = {"SCHEDLOCK_RETENTION_SECONDS": "0", "SCHEDLOCK_FAILED_RETENTION_SECONDS": "0"}
+FINISHED_STATES = ("published", "failed", "missed", "cancelled")
 DELETED = "SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = 'schedlock_publishes'"
-FINISHED = "('published', 'failed', 'missed', 'cancelled')"
 
 
 def pruner_available() -> bool:
@@ -344,8 +344,8 @@ def _ratio(loaded: float | None, empty: float | None) -> float | None:
 
 def _deleted(inst: HistoryInstance) -> int:
     """Rows deleted from schedlock_publishes so far, by the statistics collector (the
-    pruner's own counter, schedlock_history_pruned_rows_total, moves only when a pass ends:
-    a pass through a 2 M-row backlog is one pass)."""
+    harness's view, whichever sidecar prunes; each counts its own batches in
+    schedlock_history_pruned_rows_total)."""
     return int(fetch(inst.db_url, DELETED)[0][0])
 
 
@@ -360,14 +360,23 @@ async def _prune(
     backlog = min(p.history_backlog_rows, loaded.rows)
     # The retention is set when the sidecars start; a minute's margin for the start itself.
     retention = loaded.retention_leaving(backlog, time.time() + 60)
-    expired = (
-        f"FROM schedlock_publishes WHERE state IN {FINISHED} "
-        f"AND updated_at < now() - make_interval(secs => {retention:.3f})"
+    # Per finished state, on that state's own partial index (0005), as the pruner's metrics
+    # read them: an IN over the states matches none of them, and its plan (a sequential scan
+    # stopping at the first expired row) would start where the pruner's deleted rows lie.
+    cutoff_sql = f"now() - make_interval(secs => {retention:.3f})"
+    expired_count = " + ".join(
+        f"(SELECT count(*) FROM schedlock_publishes WHERE state = '{state}' "
+        f"AND updated_at < {cutoff_sql})"
+        for state in FINISHED_STATES
     )
-    # Counted once before and once after: a count reads every expired row's index entry, and
-    # polled every few seconds it would take a core from the pruner.  While it runs, progress
-    # is the statistics' deleted rows and the end an index probe for any expired row left.
-    expired_at_start = int(fetch(inst.db_url, f"SELECT count(*) {expired}")[0][0])
+    expired_left = " OR ".join(
+        f"(SELECT min(updated_at) FROM schedlock_publishes WHERE state = '{state}') < {cutoff_sql}"
+        for state in FINISHED_STATES
+    )
+    # Counted once before and once after (a count reads every expired row's index entry);
+    # while it runs, progress is the statistics' deleted rows and the end an index probe per
+    # state for the oldest row.
+    expired_at_start = int(fetch(inst.db_url, f"SELECT {expired_count}")[0][0])
     before_total = int(fetch(inst.db_url, "SELECT count(*) FROM schedlock_publishes")[0][0])
     stream = RowStream(
         inst.db_url,
@@ -394,7 +403,7 @@ async def _prune(
             await asyncio.sleep(0.25)
             if time.monotonic() >= next_poll:
                 next_poll += PRUNE_POLL_S
-                left = bool(fetch(inst.db_url, f"SELECT EXISTS (SELECT 1 {expired})")[0][0])
+                left = bool(fetch(inst.db_url, f"SELECT coalesce({expired_left}, false)")[0][0])
                 deleted = _deleted(inst) - deleted_before
                 progress.append((round(time.monotonic() - started, 1), deleted))
         cleared_s = time.monotonic() - started
@@ -404,7 +413,7 @@ async def _prune(
     finally:
         stream.close()
         _stop(inst)
-    expired_at_end = int(fetch(inst.db_url, f"SELECT count(*) {expired}")[0][0]) if left else 0
+    expired_at_end = int(fetch(inst.db_url, f"SELECT {expired_count}")[0][0]) if left else 0
     cutoff = time.time()
     # the rows due before the drain began: each had the drain's time to arrive
     due = {

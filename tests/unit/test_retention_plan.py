@@ -162,18 +162,30 @@ class Tables:
         return HistoryStats(published_age_seconds=12.5, publishes_bytes=8192.0)
 
 
-def prune(tables: Tables, policy: RetentionPolicy) -> PassReport:
+def prune(
+    tables: Tables, policy: RetentionPolicy, counted: list[tuple[str, int, int]] | None = None
+) -> PassReport:
+    """One pass; ``counted`` gets (table, rows, batches done by then) for each counted batch."""
+
+    def count(table: str, rows: int) -> None:
+        if counted is not None:
+            counted.append((table, rows, len(tables.batches)))
+
     async def main() -> PassReport:
-        return await Pruner(cast(Store, tables), "me", policy).run_once()
+        return await Pruner(cast(Store, tables), "me", policy, counted=count).run_once()
 
     return run(main())
 
 
 def test_batches_are_bounded_and_paused_as_long_as_they_took() -> None:
     tables = Tables(rows=10_000, batch_seconds=0.2, lose_lease_after=None)
-    report = prune(tables, RetentionPolicy(batch_size=1000, interval_seconds=1))
+    counted: list[tuple[str, int, int]] = []
+    report = prune(tables, RetentionPolicy(batch_size=1000, interval_seconds=1), counted)
     assert report.won and report.complete
     assert report.deleted["publishes"] == 10_000
+    # Each batch is counted as it commits, before the next one runs (the metric moves while
+    # a long pass goes on); the empty batch that ends the step is not.
+    assert counted == [("publishes", 1000, n) for n in range(1, 11)]
     publishes = tables.batches[:11]  # 10 full batches, then the empty one that ends the step
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(publishes)]
     assert all(gap >= 0.2 for gap in gaps[:9])  # at most half of the session's time
@@ -219,8 +231,11 @@ def test_a_pass_report_feeds_the_sidecar_metrics() -> None:
     metrics = SidecarMetrics()
     metrics.init_history(retention_by_state(RetentionPolicy()))
     report = PassReport("me", won=True, stats=HistoryStats(published_age_seconds=90.0))
-    report.deleted["publishes"] = 40
+    report.deleted["publishes"] = 40  # counted batch by batch, not again from the report
+    metrics.count_pruned("publishes", 30)
+    metrics.count_pruned("publishes", 10)
     metrics.observe_pass(report)
+    metrics.count_pruned("publishes", 40)
     metrics.observe_pass(report)
     samples: dict[str, Any] = {
         f"{s.name}{sorted(s.labels.items())}": s.value

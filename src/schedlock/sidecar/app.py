@@ -242,7 +242,11 @@ class Sidecar:
         if policy.enabled:
             self.metrics.init_history(retention_by_state(policy))
         return Pruner(
-            self.store, self.settings.holder_name, policy, report=self.metrics.observe_pass
+            self.store,
+            self.settings.holder_name,
+            policy,
+            report=self.metrics.observe_pass,
+            counted=self.metrics.count_pruned,
         )
 
     def _leads(self) -> bool:

@@ -174,10 +174,12 @@ class SidecarMetrics:
             self.retention.labels(state).set(retention[state])
             self.oldest_finished_age.labels(state).set(0)
 
+    def count_pruned(self, table: str, rows: int) -> None:
+        """A committed pruning batch (counted as it commits, not when its pass ends)."""
+        self.pruned.labels(table).inc(rows)
+
     def observe_pass(self, report: PassReport) -> None:
-        """A pruning attempt's counts and its look at the history."""
-        for table, deleted in report.deleted.items():
-            self.pruned.labels(table).inc(deleted)
+        """A pruning attempt's look at the history (its rows were counted batch by batch)."""
         if report.stats is None:
             return
         for state, age in report.stats.oldest().items():

@@ -170,8 +170,10 @@ def permission_problem(exc: StoreError) -> bool:
 class Pruner:
     """Contends for the lease every interval and, holding it, prunes (:meth:`run_once`).
 
-    ``report`` receives every pass's :class:`PassReport` (the sidecar's metrics); a harness
-    calls :meth:`run_once` directly and reads the report it returns.
+    ``report`` receives every pass's :class:`PassReport` (the sidecar's metrics), ``counted``
+    every committed batch's table and row count as it commits (a pass through a backlog is
+    one pass: a counter fed at its end would stand still for minutes); a harness calls
+    :meth:`run_once` directly and reads the report it returns.
     """
 
     def __init__(
@@ -181,12 +183,14 @@ class Pruner:
         policy: RetentionPolicy,
         *,
         report: Callable[[PassReport], None] | None = None,
+        counted: Callable[[str, int], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.holder = holder
         self.policy = policy
         self.report = report or (lambda _report: None)
+        self.counted = counted or (lambda _table, _rows: None)
         self.rng = rng or random.Random()
         self.last: PassReport | None = None
         self._told_privileges = False
@@ -282,6 +286,8 @@ class Pruner:
                 deleted = await self._batch(session, step, limit)
                 result.deleted[step.table] += deleted
                 result.batches += 1
+                if deleted:
+                    self.counted(step.table, deleted)
                 if deleted < limit:
                     break  # this step is done
                 # As long a pause as the batch took: at most half of one session's time.
