@@ -63,8 +63,10 @@ Invariants (docs/architecture.md, "Leadership: the state machine"):
    session only loses the lock by ending, after which its statements fail.
 3. Right after acquiring, the term is bumped on the lock session; rows left ``firing`` by an
    earlier term are adopted and fired again with the same idempotency key.
-4. Standbys block in ``pg_advisory_lock`` (no polling, no queries): the server grants the lock
-   to the next waiter within milliseconds of the holder's session ending.  The session's
+4. Standbys block in ``pg_advisory_lock`` (no polling, no queries: one statement that
+   commits every ``LOCK_WAIT_SLICE_MS`` server-side, so it never holds back VACUUM): the
+   server grants the lock to the next waiter within milliseconds of the holder's session
+   ending.  The session's
    ``idle_session_timeout`` is a server-side lease: a frozen or partitioned leader loses its
    session after the lease whatever the network does.  The leader heartbeats every
    ``heartbeat_seconds`` and steps down when no heartbeat succeeded for lease minus a margin.

@@ -119,6 +119,9 @@ PRUNE_GRANTS = (
     ("SELECT, UPDATE", ("TABLE schedlock_maintenance",)),
 )
 AFFINITY_PROBES = 1  # each probe is one more server connection for a moment
+# A lock wait holds a snapshot this long at most (the ``lock`` query says why); a slice costs
+# the server one subtransaction and a commit, the client nothing.
+LOCK_WAIT_SLICE_MS = 1000
 _AFFINITY_LOCKS: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
 
@@ -154,6 +157,12 @@ async def _guard(call: Awaitable[T]) -> T:
 
 
 E = TypeVar("E", bound=StoreError)
+
+
+def lock_statement(classid: int, objid: int) -> str:
+    """The ``lock`` statement for these lock ids: waits until granted, never holding a
+    snapshot longer than :data:`LOCK_WAIT_SLICE_MS` (the query says why)."""
+    return Q["lock"].format(classid=int(classid), objid=int(objid), slice_ms=LOCK_WAIT_SLICE_MS)
 
 
 def _failure(cls: type[E], exc: psycopg.Error, url: str = "", suffix: str = "") -> E:
@@ -515,9 +524,12 @@ class PostgresLockSession(LockVerbs):
     # -- leadership -----------------------------------------------------------------------------
 
     async def acquire(self) -> None:
-        """Block until this session holds the lock (a follower waits here, issuing nothing)."""
-        row = await self._one("lock", self.key.params())
-        self._lock_pid = int(row["pid"])
+        """Block until this session holds the lock (a standby waits here, in one statement:
+        :func:`lock_statement`)."""
+        async with self._statement():
+            conn = self._require()
+            await _guard(conn.execute(lock_statement(self.key.classid, self.key.objid)))
+        self._lock_pid = int((await self._one("backend_pid", {}))["pid"])
         await self._verify_session_affinity()
 
     def _local_port(self) -> int | None:
@@ -763,7 +775,7 @@ class PostgresConnector:
         async with self._connection() as conn:
             session = PostgresSession(conn)
             lock = {"classid": SCHEDLOCK_CLASS_ID, "objid": MIGRATIONS_OBJID}
-            await session.fetch("lock", lock)
+            await session.run_sql(lock_statement(SCHEDLOCK_CLASS_ID, MIGRATIONS_OBJID))
             try:
                 await session.execute("create_migrations_table", {})
                 yield session
@@ -873,9 +885,7 @@ class PostgresConnector:
         """Block until this process holds ``(SCHEDLOCK_CLASS_ID, objid)`` on its own session."""
         conn = await connect(self.url, application_name=holder)
         try:
-            await _guard(
-                conn.execute("SELECT pg_advisory_lock(%s, %s)", (SCHEDLOCK_CLASS_ID, objid))
-            )
+            await _guard(conn.execute(lock_statement(SCHEDLOCK_CLASS_ID, objid)))
         except BaseException:
             await conn.close()
             raise

@@ -14,7 +14,30 @@ SELECT scheduler, namespace, target FROM schedlock_terms
 WHERE lock_classid = %(classid)s AND lock_objid = %(objid)s;
 
 -- name: lock
-SELECT pg_advisory_lock(%(classid)s, %(objid)s), pg_backend_pid() AS pid;
+-- Wait until the lock is granted, without holding a snapshot for long.  A statement holds one
+-- while it runs: a standby waiting in one pg_advisory_lock for as long as the leader lives
+-- held back the database's xmin horizon, so VACUUM could remove no row deleted or updated
+-- since, in any table of the database (the app's too), and index scans could not skip them.
+-- So the block waits in slices of {slice_ms} ms (lock_timeout, set for one slice's transaction)
+-- and COMMITs between them, which ends the transaction and its snapshot (a DO block at top
+-- level may, PostgreSQL 11+; the portal's snapshot is released too, 14+).  A slice that ends
+-- is an error caught here, so the server logs nothing; one statement for the client, however
+-- long it waits, and a grant ends it at once.  No parameters in a DO block: the lock ids are
+-- formatted in as integers (lock_statement).
+DO $$
+BEGIN
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', '{slice_ms}', true);
+            PERFORM pg_advisory_lock({classid}, {objid});
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+        COMMIT;
+    END LOOP;
+END
+$$;
 
 -- name: unlock
 SELECT pg_advisory_unlock(%(classid)s, %(objid)s) AS released;
