@@ -21,7 +21,7 @@ import pytest
 
 from schedlock.core.identities import rfc3339
 from schedlock.operator.crd import crd_manifest
-from schedlock.operator.rbac import cluster_role, cluster_role_binding
+from schedlock.operator.rbac import operator_rbac
 from testbed.certs import ServingCert, serving_cert
 from testbed.kube import KubeAPIServer
 from testbed.pg import free_port
@@ -46,12 +46,7 @@ def install_crd(kube: KubeAPIServer) -> None:
 def operator_kubeconfig(kube: KubeAPIServer) -> Path:
     """A kubeconfig for the operator's ServiceAccount bound to exactly operator_rules()."""
     kube.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    kube.apply(cluster_role("schedlock-operator"))
-    kube.apply(
-        cluster_role_binding(
-            "schedlock-operator", "schedlock-operator", OPERATOR_NAMESPACE, OPERATOR_SA
-        )
-    )
+    kube.apply(operator_rbac("schedlock-operator", OPERATOR_NAMESPACE, OPERATOR_SA))
     return kube.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA)
 
 

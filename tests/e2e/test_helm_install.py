@@ -2,8 +2,9 @@
 
 The session's kube-apiserver + etcd (RBAC on) has no controllers and no kubelet: objects are
 validated and stored, nothing runs, so no `--wait` (the Deployment never becomes ready).  The
-second test runs the real operator under a token for the chart's RENDERED ServiceAccount,
-ClusterRole and ClusterRoleBinding and fires one ScheduledPublish end to end through real
+second test runs the real operator under a token for the chart's RENDERED ServiceAccount and
+RBAC (ClusterRole and ClusterRoleBinding, or with `operator.watchNamespaces` a Role and
+RoleBinding per watched namespace) and fires one ScheduledPublish end to end through real
 sidecars: a rule missing from the chart fails it with a Forbidden in the operator's log.
 """
 
@@ -184,32 +185,56 @@ def _assert_admitted_as_a_pod(kube: KubeAPIServer, deployment: Manifest, namespa
     assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
 
 
-def _render(helm: Helm, release: str, namespace: str) -> list[Manifest]:
-    result = helm("template", release, CHART, "--namespace", namespace)
+def _render(helm: Helm, release: str, namespace: str, *args: str) -> list[Manifest]:
+    result = helm("template", release, CHART, "--namespace", namespace, *args)
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("watched", [False, True], ids=["cluster-wide", "watch-namespaces"])
 def test_operator_runs_on_the_charts_rendered_rbac(
     kube: KubeAPIServer,
     postgres: PostgresService,
     migrated_template: str,
     tmp_path: Path,
+    watched: bool,
 ) -> None:
+    """With ``operator.watchNamespaces`` the chart grants a Role in each watched namespace and
+    nothing cluster-wide: the operator serves the watched namespace on it alone (no Forbidden
+    in its log), may not even read another namespace's objects, and leaves them alone."""
     helm = Helm(kube.admin_kubeconfig, tmp_path / "helm-home")
     release = f"rbac-{uuid.uuid4().hex[:6]}"
     namespace = f"{release}-system"
     apps = f"{release}-apps"
-    docs = _render(helm, release, namespace)
+    other = f"{release}-other"  # not watched (watch-namespaces): never served
+    scope = ("--set", f"operator.watchNamespaces={{{apps}}}") if watched else ()
+    docs = _render(helm, release, namespace, *scope)
     by_kind = {d["kind"]: d for d in docs}
-    kube.kubectl("create", "namespace", namespace)
-    kube.kubectl("create", "namespace", apps)
+    rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
+    assert {d["kind"] for d in rbac} == (
+        {"Role", "RoleBinding"} if watched else {"ClusterRole", "ClusterRoleBinding"}
+    )
+    for name in (namespace, apps, other):
+        kube.kubectl("create", "namespace", name)
     # The CRD as the chart renders it, and exactly the chart's identity and rules.
     kube.apply(by_kind["CustomResourceDefinition"])
     kube.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{CRD}")
-    kube.apply([by_kind["ServiceAccount"], by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]])
+    kube.apply([by_kind["ServiceAccount"], *rbac])
     account = by_kind["ServiceAccount"]["metadata"]["name"]
     kubeconfig = kube.service_account_kubeconfig(namespace, account, create=False)
+    who = f"system:serviceaccount:{namespace}:{account}"
+
+    def can(*args: str) -> bool:
+        out = kube.kubectl("auth", "can-i", *args, "--as", who, check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("watch", CRD, "-n", apps) and can("patch", f"{CRD}/status", "-n", apps)
+    assert can("watch", CRD, "--all-namespaces") is not watched
+    assert can("list", CRD, "-n", other) is not watched
+    assert can("create", "events", "-n", other) is not watched
 
     # The operator with the chart's own environment (bar ports, certificate files, the URL).
     (container,) = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"]
@@ -238,9 +263,11 @@ def test_operator_runs_on_the_charts_rendered_rbac(
             "spec": {"target": sidecars.target, "publishAt": at(3), "payload": {"n": 1}},
         }
         kube.apply(publish)
+        # Served only when the operator watches the whole cluster.
+        kube.apply({**publish, "metadata": {"name": "elsewhere", "namespace": other}})
 
-        def status() -> dict[str, Any]:
-            obj = _get(kube, "sp", "rbac-check", namespace=apps) or {}
+        def status(where: str = apps, name: str = "rbac-check") -> dict[str, Any]:
+            obj = _get(kube, "sp", name, namespace=where) or {}
             return dict(obj.get("status") or {})
 
         receiver = sidecars.receiver
@@ -256,6 +283,20 @@ def test_operator_runs_on_the_charts_rendered_rbac(
                 lambda: status().get("phase") == "Published", timeout=30, what="status Published"
             )
             wait_for(lambda: "Published" in reasons(), timeout=20, what="the Published event")
+            if watched:
+                # The other namespace's object was never seen: no status, no finalizer.
+                assert status(other, "elsewhere") == {}
+                elsewhere = _get(kube, "sp", "elsewhere", namespace=other) or {}
+                assert not elsewhere["metadata"].get("finalizers"), elsewhere["metadata"]
+            else:
+                wait_for(
+                    lambda: status(other, "elsewhere").get("phase") == "Scheduled",
+                    timeout=30,
+                    what="the other namespace's object served",
+                )
+                kube.kubectl(
+                    "delete", "sp", "elsewhere", "-n", other, "--wait=true", "--timeout=30s"
+                )
             # Delete goes through the finalizer: the cancel handler patches it away.
             kube.kubectl("delete", "sp", "rbac-check", "-n", apps, "--wait=true", "--timeout=30s")
         except (TimeoutError, AssertionError) as exc:
@@ -268,11 +309,12 @@ def test_operator_runs_on_the_charts_rendered_rbac(
         sidecars.stop()
         operator.stop()
         postgres.drop_database(database)
-        for name in (apps, namespace):
+        for name in (apps, other, namespace):
             kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
-        kube.kubectl(
-            "delete",
-            "clusterrolebinding,clusterrole",
-            by_kind["ClusterRole"]["metadata"]["name"],
-            check=False,
-        )
+        if not watched:
+            kube.kubectl(
+                "delete",
+                "clusterrolebinding,clusterrole",
+                by_kind["ClusterRole"]["metadata"]["name"],
+                check=False,
+            )
