@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
+from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
 from testbed.helm import CHART, Helm
 from testbed.kube import KubeAPIServer
 from testbed.operators import OperatorProcess, at
+from testbed.pg import free_port
 from testbed.pg_fixtures import PostgresService
 from testbed.sidecars import SidecarGroup, wait_for
 
@@ -318,3 +320,67 @@ def test_operator_runs_on_the_charts_rendered_rbac(
                 by_kind["ClusterRole"]["metadata"]["name"],
                 check=False,
             )
+
+
+def test_the_injection_webhook_is_sent_only_labelled_pods_of_watched_namespaces(
+    kube: KubeAPIServer, tmp_path: Path
+) -> None:
+    """The chart's MutatingWebhookConfiguration, as rendered, pointed at an address where
+    nothing listens with ``failurePolicy: Fail``: a pod the API server sends to the webhook is
+    refused, one it does not send is admitted.  So the API server itself proves which pods
+    reach the injector: only those labelled ``schedlock.dev/inject: "true"``, and, with
+    ``operator.watchNamespaces``, only in those namespaces (never kube-system or the
+    release's own)."""
+    helm = Helm(kube.admin_kubeconfig, tmp_path / "helm-home")
+    release = f"sel-{uuid.uuid4().hex[:6]}"
+    namespace, apps, other = f"{release}-system", f"{release}-apps", f"{release}-other"
+    for name in (namespace, apps, other):
+        kube.kubectl("create", "namespace", name)
+    dead = f"https://127.0.0.1:{free_port()}/inject"  # nothing listens: a call fails
+
+    def install(*args: str) -> str:
+        docs = _render(helm, release, namespace, *args)
+        (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        (hook,) = config["webhooks"]
+        hook["clientConfig"] = {"url": dead, "caBundle": hook["clientConfig"]["caBundle"]}
+        hook["failurePolicy"] = "Fail"
+        kube.apply(config)
+        return str(config["metadata"]["name"])
+
+    def sent(where: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> bool:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "generateName": "app-",
+                "namespace": where,
+                "labels": {"app.kubernetes.io/name": "billing", **labels},
+                "annotations": annotations or {},
+            },
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
+        }
+        out = kube.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False
+        )
+        if out.returncode == 0:
+            return False
+        assert 'failed calling webhook "inject.schedlock.dev"' in out.stderr, out.stderr
+        return True
+
+    opt_in = {LABEL_INJECT: LABEL_INJECT_VALUE}
+    name = install()
+    try:
+        assert sent(apps, opt_in) and sent(other, opt_in)  # the whole cluster
+        assert not sent(apps, {})  # no label: never sent, whatever else the pod says
+        assert not sent(apps, {}, annotations=opt_in)  # the opt-in of 0.1 is not enough
+        assert not sent(apps, {LABEL_INJECT: "True"})  # the selector is exact, as the injector
+        assert not sent(namespace, opt_in) and not sent("kube-system", opt_in)
+        kube.kubectl("delete", "mutatingwebhookconfiguration", name)
+        name = install("--set", f"operator.watchNamespaces={{{apps}}}")
+        assert sent(apps, opt_in)
+        assert not sent(other, opt_in)  # not watched: not sent
+        assert not sent(apps, {})
+    finally:
+        kube.kubectl("delete", "mutatingwebhookconfiguration", name, check=False)
+        for ns in (namespace, apps, other):
+            kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

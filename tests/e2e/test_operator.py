@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from schedlock.core.logs import Event, records
+from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
 from testbed.operators import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
@@ -28,6 +29,7 @@ from testbed.pg_fixtures import OPERATOR_ROLE, as_role
 from testbed.sidecars import wait_for
 
 NAMESPACE = "e2e-publish"
+OPT_IN = {LABEL_INJECT: LABEL_INJECT_VALUE}  # the label pods opt in to the sidecar with
 
 
 class Stack(OperatorStack):
@@ -257,7 +259,9 @@ def test_operator_runs_with_least_privilege(stack: Stack) -> None:
 
 
 def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
-    def create(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    def create(
+        name: str, annotations: dict[str, str], opt_in: dict[str, str] = OPT_IN
+    ) -> dict[str, Any]:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -265,7 +269,7 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
                 "name": name,
                 "namespace": NAMESPACE,
                 "annotations": annotations,
-                "labels": {"app.kubernetes.io/name": "billing"},
+                "labels": {**opt_in, "app.kubernetes.io/name": "billing"},
             },
             "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
         }
@@ -273,7 +277,7 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
         created: dict[str, Any] = json.loads(out.stdout)
         return created
 
-    injected = create("opted-in", {"schedlock.dev/inject": "true"})
+    injected = create("opted-in", {})
     [sidecar] = injected["spec"]["initContainers"]
     assert sidecar["name"] == "schedlock" and sidecar["restartPolicy"] == "Always"
     assert sidecar["startupProbe"]["httpGet"]["path"] == "/healthz"
@@ -281,9 +285,12 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
     assert sidecar["securityContext"]["runAsNonRoot"] is True
     assert injected["metadata"]["labels"]["schedlock.dev/injected"] == "true"
     assert [c["name"] for c in injected["spec"]["containers"]] == ["app"]
-    untouched = create("plain", {})
+    untouched = create("plain", {}, opt_in={})
     assert "initContainers" not in untouched["spec"]
     assert "schedlock.dev/injected" not in untouched["metadata"].get("labels", {})
+    # The opt-in of 0.1, the annotation alone, is not sent to the webhook any more.
+    legacy = create("annotated-only", {"schedlock.dev/inject": "true"}, opt_in={})
+    assert "initContainers" not in legacy["spec"]
     # A malformed signing Secret is never half-applied: no sidecar, and kubectl shows why.
     malformed = {
         "apiVersion": "v1",
@@ -291,11 +298,8 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
         "metadata": {
             "name": "bad-signing-secret",
             "namespace": NAMESPACE,
-            "annotations": {
-                "schedlock.dev/inject": "true",
-                "schedlock.dev/signing-secret": "Billing_HMAC",
-            },
-            "labels": {"app.kubernetes.io/name": "billing"},
+            "annotations": {"schedlock.dev/signing-secret": "Billing_HMAC"},
+            "labels": {**OPT_IN, "app.kubernetes.io/name": "billing"},
         },
         "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
     }
@@ -350,11 +354,8 @@ def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) ->
             "metadata": {
                 "name": name,
                 "namespace": namespace,
-                "annotations": {
-                    "schedlock.dev/inject": "true",
-                    "schedlock.dev/signing-secret": "billing-hmac/hmac",
-                },
-                "labels": {"app.kubernetes.io/name": "billing"},
+                "annotations": {"schedlock.dev/signing-secret": "billing-hmac/hmac"},
+                "labels": {**OPT_IN, "app.kubernetes.io/name": "billing"},
             },
             "spec": {"containers": [container], "volumes": [own_volume]},
         }

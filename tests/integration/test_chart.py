@@ -30,6 +30,7 @@ from cryptography import x509
 from schedlock import __version__
 from schedlock.core.settings import specs
 from schedlock.operator.crd import crd_manifest
+from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
 from schedlock.operator.rbac import operator_rbac, operator_rules
 from schedlock.operator.settings import OperatorSettings
 from testbed.tools import ToolMissing, tool
@@ -639,7 +640,8 @@ def test_mutating_webhook_for_sidecar_injection() -> None:
             }
         ]
     }
-    assert "objectSelector" not in hook
+    # Only pods that opt in are sent: the label injection.py asks for, not every pod CREATE.
+    assert hook["objectSelector"] == {"matchLabels": {LABEL_INJECT: LABEL_INJECT_VALUE}}
     assert hook["timeoutSeconds"] == 5
     assert hook["failurePolicy"] == "Ignore"
     assert hook["reinvocationPolicy"] == "Never"
@@ -649,14 +651,31 @@ def test_mutating_webhook_for_sidecar_injection() -> None:
         render("-f", CHART / "ci" / "all-features-values.yaml"), "MutatingWebhookConfiguration"
     )
     assert custom["failurePolicy"] == "Fail"
+    # injection.objectSelector is ANDed with the opt-in label, never replaces it.
     assert custom["objectSelector"] == {
-        "matchExpressions": [{"key": "schedlock.dev/skip", "operator": "DoesNotExist"}]
+        "matchExpressions": [{"key": "schedlock.dev/skip", "operator": "DoesNotExist"}],
+        "matchLabels": {LABEL_INJECT: LABEL_INJECT_VALUE},
     }
-    assert custom["namespaceSelector"]["matchExpressions"][0]["values"] == [
-        "kube-system",
-        NAMESPACE,
-        "kube-public",
-        "kube-node-lease",
+    overridden = _webhook(
+        render("--set", "injection.objectSelector.matchLabels.schedlock\\.dev/inject=no"),
+        "MutatingWebhookConfiguration",
+    )
+    assert overridden["objectSelector"] == {"matchLabels": {LABEL_INJECT: LABEL_INJECT_VALUE}}
+    # The same namespaces as the operator (all-features watches apps and billing), less the
+    # excluded ones: both expressions must hold.
+    assert custom["namespaceSelector"]["matchExpressions"] == [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["kube-system", NAMESPACE, "kube-public", "kube-node-lease"],
+        },
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["apps", "billing"]},
+    ]
+    validating = _webhook(
+        render("-f", CHART / "ci" / "all-features-values.yaml"), "ValidatingWebhookConfiguration"
+    )
+    assert validating["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["apps", "billing"]}
     ]
 
 

@@ -125,8 +125,9 @@ def test_the_lease_alone_is_enough(migrated_database: str, tmp_path: Path) -> No
 def test_inject_takes_the_lease_alone_and_refuses_a_bad_one(tmp_path: Path) -> None:
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(
-        "kind: Pod\nmetadata:\n  name: p\n  annotations: {schedlock.dev/inject: 'true'}\n"
-        "  labels: {app.kubernetes.io/name: billing}\nspec:\n  containers: [{name: app}]\n"
+        "kind: Pod\nmetadata:\n  name: p\n"
+        "  labels: {schedlock.dev/inject: 'true', app.kubernetes.io/name: billing}\n"
+        "spec:\n  containers: [{name: app}]\n"
     )
     bad = run("inject", "-f", str(manifest), "--lease-seconds", "1")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr

@@ -3,8 +3,13 @@
 Used by the operator's mutating webhook (``/inject``) and by ``schedlock inject`` for people
 who do not want a webhook — one code path, so both add exactly the same container.
 
-A pod opts in with the annotation ``schedlock.dev/inject: "true"``. The target is the
-annotation ``schedlock.dev/target``, else the label ``app.kubernetes.io/name``. The sidecar is
+A pod opts in with the label ``schedlock.dev/inject: "true"`` (exactly ``"true"``): the chart's
+webhook has an objectSelector on that label, so the API server calls the injector only for pods
+that carry it, never for every pod created in the cluster, and :func:`wants_sidecar` asks for the
+same label so that ``schedlock inject`` and the webhook agree with the selector.  Until 0.1 the
+opt-in was an annotation of that name; an annotation alone no longer opts in (it is reported,
+with the upgrade step, by ``schedlock inject``).  Everything else stays in annotations.  The
+target is the annotation ``schedlock.dev/target``, else the label ``app.kubernetes.io/name``. The sidecar is
 a Kubernetes native sidecar (an init container with ``restartPolicy: Always``): it starts
 before the app, keeps running beside it, and stops after it. Its settings come from the pod's
 own namespace: the database URL from a Secret there (``schedlock-database``/``url`` unless the
@@ -53,7 +58,10 @@ from schedlock import __version__
 from schedlock.core.settings import check_url, dns_label, http_url, quoted
 from schedlock.core.timings import DEFAULT_LEASE_SECONDS, LeaseTimings
 
-ANNOTATION_INJECT = "schedlock.dev/inject"
+LABEL_INJECT = "schedlock.dev/inject"
+"""The opt-in label; its only value that opts in is ``"true"`` (what the webhook selects on)."""
+LABEL_INJECT_VALUE = "true"
+ANNOTATION_INJECT = LABEL_INJECT  # the opt-in of 0.1: no longer enough, reported when alone
 ANNOTATION_TARGET = "schedlock.dev/target"
 ANNOTATION_TARGET_URL = "schedlock.dev/target-url"
 ANNOTATION_TARGET_READY_URL = "schedlock.dev/target-ready-url"
@@ -199,15 +207,36 @@ class Decision:
         return self.target is not None
 
 
+def opt_in_problem(metadata: Mapping[str, Any]) -> str | None:
+    """Why the pod is not opted in (None: it carries the label ``schedlock.dev/inject: "true"``)."""
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    label = labels.get(LABEL_INJECT)
+    if label == LABEL_INJECT_VALUE:
+        return None
+    if label is not None:
+        return (
+            f'the label {LABEL_INJECT} must be "{LABEL_INJECT_VALUE}" exactly (the webhook '
+            f"selects on it), got {quoted(str(label))}: not injected"
+        )
+    if ANNOTATION_INJECT in annotations:
+        return (
+            f"{ANNOTATION_INJECT} is a label now: the annotation alone no longer opts in; "
+            f'add the label {LABEL_INJECT}: "{LABEL_INJECT_VALUE}" to the pod (template)'
+        )
+    return f'no {LABEL_INJECT}: "{LABEL_INJECT_VALUE}" label'
+
+
 def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = None) -> Decision:
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
-    if str(annotations.get(ANNOTATION_INJECT, "")).lower() != "true":
-        return Decision(f'no {ANNOTATION_INJECT}: "true" annotation')
+    not_opted_in = opt_in_problem(metadata)
+    if not_opted_in is not None:
+        return Decision(not_opted_in)
     target = annotations.get(ANNOTATION_TARGET) or labels.get("app.kubernetes.io/name")
     if not target:
         return Decision(
-            f"{ANNOTATION_INJECT} is set but the pod has neither a {ANNOTATION_TARGET} "
+            f"{LABEL_INJECT} is set but the pod has neither a {ANNOTATION_TARGET} "
             "annotation nor an app.kubernetes.io/name label to name its target: not injected",
         )
     try:
@@ -251,10 +280,14 @@ def refusal(metadata: Mapping[str, Any], config: InjectionConfig) -> str | None:
     """Why a pod that asks for the sidecar gets none (None: it gets one, or it did not ask).
 
     The webhook returns it as an admission warning and ``schedlock inject`` prints it. Any value
-    of the inject annotation but "false" counts as asking, so a typo ("yes") is reported.
+    of the inject label but "false" counts as asking, so a typo ("yes", "True") is reported;
+    so does the annotation of 0.1 on a pod without the label (the webhook never sees such a
+    pod, ``schedlock inject`` says what to change).
     """
-    asked = str((metadata.get("annotations") or {}).get(ANNOTATION_INJECT, "false"))
-    if asked.lower() in ("", "false"):
+    labels = metadata.get("labels") or {}
+    # The label decides when there is one; without it, the annotation of 0.1 is still heard.
+    said = labels.get(LABEL_INJECT, (metadata.get("annotations") or {}).get(ANNOTATION_INJECT))
+    if str(said or "false").lower() == "false":
         return None
     decision = wants_sidecar(metadata, config)
     return None if decision.inject else decision.reason
