@@ -309,6 +309,40 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
         "Warning: schedlock: schedlock.dev/signing-secret must be NAME or NAME/KEY of a Secret; "
         "'Billing_HMAC' is not a Secret name"
     ) in out.stderr, out.stderr
+    # Every other annotation the same way: the pod runs, without a sidecar that could not
+    # start (and would keep the app from starting), and kubectl shows which value and why.
+    for n, (key, value, says) in enumerate(
+        [
+            ("schedlock.dev/target", "Billing", "must be a DNS label"),
+            ("schedlock.dev/target-url", "ftp://127.0.0.1:21/", "must be an http:// or https://"),
+            ("schedlock.dev/target-ready-url", "tcp://127.0.0.1", "or tcp://host:port"),
+            ("schedlock.dev/database-secret", "App_DB", "must name a Secret"),
+            ("schedlock.dev/target-ulr", "http://x:1/", "is not an annotation schedlock reads"),
+        ]
+    ):
+        out = stack.kube.kubectl(
+            "create",
+            "-f",
+            "-",
+            "-o",
+            "json",
+            input=json.dumps(
+                {
+                    **malformed,
+                    "metadata": {
+                        **malformed["metadata"],
+                        "name": f"bad-{n}",
+                        "annotations": {key: value},
+                    },
+                }
+            ),
+        )
+        assert "initContainers" not in json.loads(out.stdout)["spec"], key
+        assert "Warning: schedlock: " in out.stderr and key in out.stderr, out.stderr
+        assert says in out.stderr, out.stderr
+    logged = list(records(stack.operator.log_text(), Event.POD_NOT_INJECTED))
+    assert {r["pod"] for r in logged} >= {f"bad-{n}" for n in range(5)}, logged
+    assert all(r["namespace"] == NAMESPACE for r in logged), logged
 
 
 def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) -> None:

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlock.cli import main
-from schedlock.core.settings import SettingError, build
+from schedlock.core.settings import SettingError, build, spec_of
 from schedlock.core.timings import DEFAULT_LEASE_SECONDS
 from schedlock.operator.injection import (
+    ANNOTATION_CHECKS,
     CONTAINER_NAME,
     LABEL_INJECTED,
     InjectionConfig,
@@ -442,6 +443,16 @@ def test_a_manifest_file_that_is_not_utf8_is_one_line(
         ({"schedlock.dev/target-url": "http://127.0.0.1:99999/x"}, "port from 1 to 65535"),
         ({"schedlock.dev/target-url": "abc"}, "schedlock.dev/target-url must be an http://"),
         ({"schedlock.dev/database-secret": "Bad_Secret"}, "must name a Secret (a DNS subdomain)"),
+        ({"schedlock.dev/database-secret": " db"}, "schedlock.dev/database-secret must name"),
+        ({"schedlock.dev/target-ready-url": "tcp://127.0.0.1"}, "schedlock.dev/target-ready-url"),
+        ({SIGNING: "a/b/c"}, "schedlock.dev/signing-secret must be NAME or NAME/KEY"),
+        # A typo of a known annotation would deliver to the default URL unnoticed: refused.
+        (
+            {"schedlock.dev/target-ulr": "http://127.0.0.1:3000/"},
+            "'schedlock.dev/target-ulr' is not an annotation schedlock reads (it reads "
+            "schedlock.dev/database-secret, schedlock.dev/signing-secret, schedlock.dev/target, "
+            "schedlock.dev/target-ready-url, schedlock.dev/target-url): not injected",
+        ),
     ],
 )
 def test_an_annotation_the_sidecar_would_refuse_means_no_sidecar(
@@ -453,6 +464,28 @@ def test_an_annotation_the_sidecar_would_refuse_means_no_sidecar(
     reason = refusal(p["metadata"], CONFIG)
     assert reason is not None and says in reason and reason.endswith("not injected")
     assert inject_pod(p["metadata"], p["spec"], CONFIG) is None
+
+
+def test_every_annotation_is_checked_by_the_parser_of_the_setting_it_becomes() -> None:
+    """One path for every annotation: the sidecar's own parser for the variable it is injected
+    as, so the injector and the sidecar can never disagree about a value."""
+    becomes = {
+        "schedlock.dev/target": "target",
+        "schedlock.dev/target-url": "target_url",
+        "schedlock.dev/target-ready-url": "target_ready_url",
+    }
+    for annotation, name in becomes.items():
+        assert ANNOTATION_CHECKS[annotation] is spec_of(SidecarSettings, name).parse
+    assert ANNOTATION_CHECKS[SIGNING] is parse_signing_secret
+    assert set(ANNOTATION_CHECKS) == {
+        *becomes,
+        SIGNING,
+        "schedlock.dev/database-secret",
+    }
+    # Left beside the label, the old opt-in annotation is ignored, not refused as unknown.
+    assert wants_sidecar(opted_in(**{"schedlock.dev/inject": "true"})["metadata"]).inject
+    # Other prefixes are the app's business.
+    assert wants_sidecar(opted_in(**{"example.com/schedlock.dev-x": "1"})["metadata"]).inject
 
 
 def test_a_label_target_the_sidecar_would_refuse_means_no_sidecar() -> None:
@@ -525,6 +558,7 @@ def manifests(draw: st.DrawFn) -> dict[str, Any]:
                         "schedlock.dev/target-ready-url",
                         "schedlock.dev/database-secret",
                         SIGNING,
+                        "schedlock.dev/target-ulr",  # unknown: refused, never a crash
                     ]
                 ),
                 ANNOTATION_VALUES,
