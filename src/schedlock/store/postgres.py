@@ -102,7 +102,7 @@ SIDECAR_GRANTS = (
 )
 OPERATOR_GRANTS = (
     ("SELECT, INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_schedules")),
-    ("SELECT", ("TABLE schedlock_terms", "TABLE schedlock_migrations")),
+    ("SELECT", ("TABLE schedlock_terms", "TABLE schedlock_migrations", "TABLE schedlock_reserves")),
     ("USAGE", ("SEQUENCE schedlock_publishes_id_seq", "SEQUENCE schedlock_schedules_id_seq")),
     # The status sync's cursor (0006): read where it resumes, upsert it after each sweep.
     ("SELECT, INSERT, UPDATE", ("TABLE schedlock_sync_cursors",)),
