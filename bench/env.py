@@ -19,8 +19,7 @@ from typing import Any
 import psycopg
 
 from testbed.kube import KubeAPIServer
-from testbed.pg import PostgresServer, server_dir
-from testbed.sidecars import REPO
+from testbed.pg import PostgresServer, start_guard
 
 TEMPLATE = "bench_template"
 
@@ -51,19 +50,8 @@ class BenchEnv:
     def start(self) -> None:
         self.pg.start()
         assert self.pg.process is not None
-        self._guard = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.guard",
-                str(os.getpid()),
-                str(self.pg.process.pid),
-                str(server_dir(self.pg.workdir)),
-                str(self.workdir),
-            ],
-            cwd=REPO,
-            start_new_session=True,
-        )
+        # The server guards its own data; this guard removes the run's directory as well.
+        self._guard = start_guard(self.pg.process.pid, self.workdir)
         self.started = True
         self.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self.sql(f'CREATE DATABASE "{TEMPLATE}"')

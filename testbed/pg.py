@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -180,9 +181,20 @@ def template_cluster(bindir: Path) -> Path:
     return target
 
 
+GUARD = Path(__file__).with_name("guard.py")
+
+
+def start_guard(postmaster: int, *dirs: Path) -> subprocess.Popen[bytes]:
+    """The watchdog (testbed/guard.py) that ends ``postmaster`` and removes ``dirs`` once
+    this process is gone without having stopped it."""
+    argv = [sys.executable, str(GUARD), str(os.getpid()), str(postmaster), *map(str, dirs)]
+    return subprocess.Popen(argv, start_new_session=True)
+
+
 @dataclass
 class PostgresServer:
-    """One PostgreSQL postmaster with a private data directory and port."""
+    """One PostgreSQL postmaster with a private data directory and port; a guard process ends
+    it (and removes its data) if the process that started it dies without stopping it."""
 
     workdir: Path
     port: int = field(default_factory=free_port)
@@ -192,6 +204,7 @@ class PostgresServer:
     # pg_hba.conf lines added after the template's (which trust loopback only), e.g. for pods
     # on a node's bridge: ``host all all 10.244.0.0/24 scram-sha-256``.
     hba: list[str] = field(default_factory=list)
+    _guard: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
     def datadir(self) -> Path:
@@ -212,7 +225,7 @@ class PostgresServer:
         self.wait_ready(timeout)
 
     def _preexec(self) -> Callable[[], None] | None:
-        """A preexec_fn for the postmaster (none: it outlives a crashed test run's pytest)."""
+        """A preexec_fn for the postmaster (none: no death signal; its guard ends it)."""
         return None
 
     def _spawn(self) -> None:
@@ -252,6 +265,14 @@ class PostgresServer:
                 start_new_session=True,
                 preexec_fn=self._preexec(),
             )
+        self._end_guard()  # a postmaster killed without stop(): its guard is done too
+        self._guard = start_guard(self.process.pid, server_dir(self.workdir))
+
+    def _end_guard(self) -> None:
+        if self._guard is not None:
+            self._guard.terminate()
+            self._guard.wait()
+            self._guard = None
 
     def _write_hba(self) -> None:
         """Rewrite pg_hba.conf as the template's lines plus ``hba`` (first match wins: ours
@@ -298,6 +319,7 @@ class PostgresServer:
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self.process = None
+        self._end_guard()
 
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)

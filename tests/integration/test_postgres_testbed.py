@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 
 from testbed.pg_fixtures import PostgresService
+from testbed.sidecars import REPO, wait_for
 
 
 def test_advisory_lock_on_one_connection_blocks_another(
@@ -56,3 +62,42 @@ def test_each_test_gets_a_private_database(postgres: PostgresService, database: 
         assert rows == [(True,)]
     finally:
         postgres.drop_database(other)
+
+
+def test_a_server_whose_owner_dies_is_stopped_and_removed(tmp_path: Path) -> None:
+    """A pytest killed mid-run (or piped into ``head``) never stops its servers: the guard
+    beside each postmaster ends it and removes its data once the owner is gone."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(tmp_path / "pg")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert owner.stdout is not None
+    postmaster, data = owner.stdout.readline().split()
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    wait_for(lambda: not _alive(int(postmaster)), 20, what="the orphaned postmaster to end")
+    wait_for(lambda: not Path(data).exists(), 10, what="its data directory removed")
+
+
+OWNER = """
+import sys, time
+from pathlib import Path
+from testbed.pg import PostgresServer, server_dir
+server = PostgresServer(Path(sys.argv[1]))
+server.start()
+print(server.process.pid, server_dir(server.workdir), flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone too: the postmaster's parent (the dead owner) is no longer there to
+    # reap it, init does.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ", 1)[1][0] != "Z"

@@ -1,12 +1,14 @@
-"""A watchdog that cleans up after a benchmark run that died without cleaning up itself.
+"""A watchdog that cleans up after the process that started a PostgreSQL server died
+without stopping it (a pytest killed mid-run, a benchmark harness that crashed).
 
-Every process the harness starts dies with it (``PR_SET_PDEATHSIG``), except the PostgreSQL
-postmaster, which ``testbed.pg`` starts in its own session so that tests can signal it.
-This guard is started with no death signal; it waits until its parent is gone (re-parented),
-then ends the postmaster's process group and removes the run's directories.  After a normal
-run the harness cleans up first and terminates the guard.
+The postmaster runs in a session of its own (so that tests can signal it) and with no death
+signal, so it would outlive its owner.  :class:`testbed.pg.PostgresServer` starts this guard
+beside every postmaster, and the bench harness one for its run directory: it waits until its
+parent is gone (re-parented), then ends the postmaster's process group and removes the
+directories.  A server stopped normally terminates its guard first.  No imports of the
+project's: it runs as a plain script.
 
-``python -m bench.guard PARENT_PID POSTMASTER_PID DIR [DIR …]``
+``python testbed/guard.py PARENT_PID POSTMASTER_PID DIR [DIR …]``
 """
 
 from __future__ import annotations
