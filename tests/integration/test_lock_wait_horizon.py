@@ -15,7 +15,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-import psycopg
 import pytest
 
 from schedlock.store import LockKey, open_store
@@ -28,26 +27,24 @@ KEY = LockKey("publish", "default", "horizon")
 SYNC_OBJID = 424242
 
 
-def _dead_rows_after_vacuum(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM schedlock_horizon_probe")
-        row = conn.execute(
-            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'schedlock_horizon_probe'"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
+def _dead_rows_after_vacuum(postgres: PostgresService, url: str) -> int:
+    postgres.execute("VACUUM schedlock_horizon_probe", url=url)
+    [(dead,)] = postgres.execute(
+        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'schedlock_horizon_probe'",
+        url=url,
+    )
+    return int(str(dead))
 
 
-def _waiting_for(url: str, application_name: str) -> float | None:
+def _waiting_for(postgres: PostgresService, url: str, application_name: str) -> float | None:
     """How long the waiting session's current transaction has held its snapshot (s)."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT extract(epoch FROM now() - xact_start)::float8 FROM pg_stat_activity "
-            "WHERE application_name = %s AND wait_event_type = 'Lock' "
-            "AND wait_event = 'advisory'",
-            (application_name,),
-        ).fetchone()
-        return None if row is None else float(row[0])
+    found = postgres.execute(
+        "SELECT extract(epoch FROM now() - xact_start)::float8 FROM pg_stat_activity "
+        "WHERE application_name = %s AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        application_name,
+        url=url,
+    )
+    return float(str(found[0][0])) if found else None
 
 
 @pytest.mark.parametrize("waiter", ["lock session", "held lock"])
@@ -76,23 +73,26 @@ async def test_a_session_waiting_for_a_lock_lets_vacuum_remove_what_was_deleted_
     waiting = asyncio.create_task(wait())
     try:
         await asyncio.to_thread(
-            wait_for, lambda: _waiting_for(url, name) is not None, 10, what="the waiter queued"
+            wait_for,
+            lambda: _waiting_for(postgres, url, name) is not None,
+            10,
+            what="the waiter queued",
         )
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                "CREATE TABLE schedlock_horizon_probe AS SELECT generate_series(1, 1000) AS i"
-            )
-            conn.execute("DELETE FROM schedlock_horizon_probe")
+        postgres.execute(
+            "CREATE TABLE schedlock_horizon_probe AS SELECT generate_series(1, 1000) AS i",
+            url=url,
+        )
+        postgres.execute("DELETE FROM schedlock_horizon_probe", url=url)
         deleted_at = time.monotonic()
         # Three slices later the waiter is still waiting (the leader holds on), and its
         # snapshot is never older than a slice (and a slice of margin for a busy machine).
         while time.monotonic() - deleted_at < 3 * SLICE:
-            held_for = await asyncio.to_thread(_waiting_for, url, name)
+            held_for = await asyncio.to_thread(_waiting_for, postgres, url, name)
             assert held_for is None or held_for < 2 * SLICE, held_for
             await asyncio.sleep(0.2)
         assert not waiting.done()
         # What was deleted after the waiter queued is removable now.
-        assert await asyncio.to_thread(_dead_rows_after_vacuum, url) == 0
+        assert await asyncio.to_thread(_dead_rows_after_vacuum, postgres, url) == 0
         # The slices that ended were errors caught in the block: none reached the server log.
         if log is not None:
             with log.open("rb") as text:

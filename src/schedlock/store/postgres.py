@@ -529,7 +529,6 @@ class PostgresLockSession(LockVerbs):
         async with self._statement():
             conn = self._require()
             await _guard(conn.execute(lock_statement(self.key.classid, self.key.objid)))
-        self._lock_pid = int((await self._one("backend_pid", {}))["pid"])
         await self._verify_session_affinity()
 
     def _local_port(self) -> int | None:
@@ -556,8 +555,11 @@ class PostgresLockSession(LockVerbs):
         """
         async with _affinity_lock():
             row = await self._one("lock_held", self.key.params())
-            if not row["held"] or int(row["pid"]) != self._lock_pid:
+            if not row["held"]:
                 raise UnsafeConnection(UNSAFE_POOLER)
+            # The backend that sees the lock granted to itself holds it: the one every later
+            # statement (each heartbeat re-checks) must run on.
+            self._lock_pid = int(row["pid"])
             if self._place is not None and not await self._holds_place():
                 # The place was taken in an earlier transaction: another server session
                 # holds it, so statements do not stay on one session.
