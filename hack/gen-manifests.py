@@ -10,8 +10,9 @@ Generated files (committed, never edited by hand):
     charts/schedlock/files/operator-rbac-rules.yaml    from src/schedlock/operator/rbac.py
 
 The chart embeds both with `.Files.Get`: the CRD is a template behind `crds.install` (not in
-`crds/`, which Helm installs once and never upgrades), and the ClusterRole's rules are exactly
-`operator_rules()`.
+`crds/`, which Helm installs once and never upgrades), and the rules of the operator's
+ClusterRole (or, with `operator.watchNamespaces`, of its Role in each watched namespace) are
+exactly `operator_rules()`.
 
 The output is deterministic: keys keep the order the source builds them in, time zones are
 sorted, and long strings are folded at a fixed width.  It passes `yamllint -s` with the repo's
@@ -80,8 +81,11 @@ def render_crd() -> str:
 
 
 def render_rbac_rules() -> str:
-    """The operator's ClusterRole rules (a YAML list; templates/rbac.yaml embeds it)."""
-    note = "The rules of the operator's ClusterRole: exactly operator_rules(), nothing else."
+    """The operator's RBAC rules (a YAML list; templates/rbac.yaml embeds it)."""
+    note = (
+        "The rules of the operator's ClusterRole, or of its Role in each watched namespace: "
+        "exactly operator_rules()."
+    )
     return _header("src/schedlock/operator/rbac.py", note) + _dump(operator_rules())
 
 

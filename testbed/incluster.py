@@ -36,6 +36,7 @@ from typing import Any
 
 import psycopg
 
+from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
 from testbed import pg
 from testbed.cluster import Cluster
 from testbed.deliveries import Delivery
@@ -283,9 +284,10 @@ def demo_app(
             "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {
-                    "labels": labels,
+                    # The opt-in is the label (the webhook's objectSelector); the rest are
+                    # annotations.
+                    "labels": {**labels, LABEL_INJECT: LABEL_INJECT_VALUE},
                     "annotations": {
-                        "schedlock.dev/inject": "true",
                         # The app says when it cannot take work (503 while draining): the
                         # sidecar hands over then, not after its rows' retries.
                         "schedlock.dev/target-ready-url": "http://127.0.0.1:8080/healthz",

@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,7 +21,8 @@ import pytest
 
 from schedlock.core.identities import rfc3339
 from schedlock.operator.crd import crd_manifest
-from schedlock.operator.rbac import cluster_role, cluster_role_binding
+from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
+from schedlock.operator.rbac import operator_rbac
 from testbed.certs import ServingCert, serving_cert
 from testbed.kube import KubeAPIServer
 from testbed.pg import free_port
@@ -46,12 +47,10 @@ def install_crd(kube: KubeAPIServer) -> None:
 def operator_kubeconfig(kube: KubeAPIServer) -> Path:
     """A kubeconfig for the operator's ServiceAccount bound to exactly operator_rules()."""
     kube.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    kube.apply(cluster_role("schedlock-operator"))
-    kube.apply(
-        cluster_role_binding(
-            "schedlock-operator", "schedlock-operator", OPERATOR_NAMESPACE, OPERATOR_SA
-        )
-    )
+    rbac: list[Mapping[str, Any]] = [
+        *operator_rbac("schedlock-operator", OPERATOR_NAMESPACE, OPERATOR_SA)
+    ]
+    kube.apply(rbac)
     return kube.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA)
 
 
@@ -110,6 +109,8 @@ def mutating_webhook_configuration(port: int, ca_pem: bytes, namespace: str) -> 
                     }
                 ],
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                # The chart's: only pods with the opt-in label are sent (test_chart.py).
+                "objectSelector": {"matchLabels": {LABEL_INJECT: LABEL_INJECT_VALUE}},
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
                 "failurePolicy": "Fail",

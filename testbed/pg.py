@@ -204,6 +204,9 @@ class PostgresServer:
     # pg_hba.conf lines added after the template's (which trust loopback only), e.g. for pods
     # on a node's bridge: ``host all all 10.244.0.0/24 scram-sha-256``.
     hba: list[str] = field(default_factory=list)
+    # Passwords checked for every role but the superuser (scram-sha-256 on loopback): the
+    # template trusts every loopback login, so a role's password would prove nothing.
+    passwords: bool = False
     _guard: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -277,12 +280,18 @@ class PostgresServer:
     def _write_hba(self) -> None:
         """Rewrite pg_hba.conf as the template's lines plus ``hba`` (first match wins: ours
         come after loopback's trust, so they only widen who may connect)."""
-        if not self.hba:
+        if not self.hba and not self.passwords:
             return
         template = template_cluster(self.bindir) / "pg_hba.conf"
         hba_file = self.datadir / "pg_hba.conf"
+        lines = template.read_text()
+        if self.passwords:
+            lines = (
+                f"host all {SUPERUSER} 127.0.0.1/32 trust\n"
+                "host all all 127.0.0.1/32 scram-sha-256\n"
+            )
         # The copy exists already, owned by the server's user: rewriting it keeps the owner.
-        hba_file.write_text(template.read_text() + "\n".join(["", *self.hba, ""]))
+        hba_file.write_text(lines + "\n".join(["", *self.hba, ""]))
 
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

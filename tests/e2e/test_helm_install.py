@@ -2,8 +2,9 @@
 
 The session's kube-apiserver + etcd (RBAC on) has no controllers and no kubelet: objects are
 validated and stored, nothing runs, so no `--wait` (the Deployment never becomes ready).  The
-second test runs the real operator under a token for the chart's RENDERED ServiceAccount,
-ClusterRole and ClusterRoleBinding and fires one ScheduledPublish end to end through real
+second test runs the real operator under a token for the chart's RENDERED ServiceAccount and
+RBAC (ClusterRole and ClusterRoleBinding, or with `operator.watchNamespaces` a Role and
+RoleBinding per watched namespace) and fires one ScheduledPublish end to end through real
 sidecars: a rule missing from the chart fails it with a Forbidden in the operator's log.
 """
 
@@ -19,9 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
+from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
 from testbed.helm import CHART, Helm
 from testbed.kube import KubeAPIServer
 from testbed.operators import OperatorProcess, at
+from testbed.pg import free_port
 from testbed.pg_fixtures import PostgresService
 from testbed.sidecars import SidecarGroup, wait_for
 
@@ -184,32 +187,56 @@ def _assert_admitted_as_a_pod(kube: KubeAPIServer, deployment: Manifest, namespa
     assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
 
 
-def _render(helm: Helm, release: str, namespace: str) -> list[Manifest]:
-    result = helm("template", release, CHART, "--namespace", namespace)
+def _render(helm: Helm, release: str, namespace: str, *args: str) -> list[Manifest]:
+    result = helm("template", release, CHART, "--namespace", namespace, *args)
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("watched", [False, True], ids=["cluster-wide", "watch-namespaces"])
 def test_operator_runs_on_the_charts_rendered_rbac(
     kube: KubeAPIServer,
     postgres: PostgresService,
     migrated_template: str,
     tmp_path: Path,
+    watched: bool,
 ) -> None:
+    """With ``operator.watchNamespaces`` the chart grants a Role in each watched namespace and
+    nothing cluster-wide: the operator serves the watched namespace on it alone (no Forbidden
+    in its log), may not even read another namespace's objects, and leaves them alone."""
     helm = Helm(kube.admin_kubeconfig, tmp_path / "helm-home")
     release = f"rbac-{uuid.uuid4().hex[:6]}"
     namespace = f"{release}-system"
     apps = f"{release}-apps"
-    docs = _render(helm, release, namespace)
+    other = f"{release}-other"  # not watched (watch-namespaces): never served
+    scope = ("--set", f"operator.watchNamespaces={{{apps}}}") if watched else ()
+    docs = _render(helm, release, namespace, *scope)
     by_kind = {d["kind"]: d for d in docs}
-    kube.kubectl("create", "namespace", namespace)
-    kube.kubectl("create", "namespace", apps)
+    rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
+    assert {d["kind"] for d in rbac} == (
+        {"Role", "RoleBinding"} if watched else {"ClusterRole", "ClusterRoleBinding"}
+    )
+    for name in (namespace, apps, other):
+        kube.kubectl("create", "namespace", name)
     # The CRD as the chart renders it, and exactly the chart's identity and rules.
     kube.apply(by_kind["CustomResourceDefinition"])
     kube.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{CRD}")
-    kube.apply([by_kind["ServiceAccount"], by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]])
+    kube.apply([by_kind["ServiceAccount"], *rbac])
     account = by_kind["ServiceAccount"]["metadata"]["name"]
     kubeconfig = kube.service_account_kubeconfig(namespace, account, create=False)
+    who = f"system:serviceaccount:{namespace}:{account}"
+
+    def can(*args: str) -> bool:
+        out = kube.kubectl("auth", "can-i", *args, "--as", who, check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("watch", CRD, "-n", apps) and can("patch", f"{CRD}/status", "-n", apps)
+    assert can("watch", CRD, "--all-namespaces") is not watched
+    assert can("list", CRD, "-n", other) is not watched
+    assert can("create", "events", "-n", other) is not watched
 
     # The operator with the chart's own environment (bar ports, certificate files, the URL).
     (container,) = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"]
@@ -238,9 +265,11 @@ def test_operator_runs_on_the_charts_rendered_rbac(
             "spec": {"target": sidecars.target, "publishAt": at(3), "payload": {"n": 1}},
         }
         kube.apply(publish)
+        # Served only when the operator watches the whole cluster.
+        kube.apply({**publish, "metadata": {"name": "elsewhere", "namespace": other}})
 
-        def status() -> dict[str, Any]:
-            obj = _get(kube, "sp", "rbac-check", namespace=apps) or {}
+        def status(where: str = apps, name: str = "rbac-check") -> dict[str, Any]:
+            obj = _get(kube, "sp", name, namespace=where) or {}
             return dict(obj.get("status") or {})
 
         receiver = sidecars.receiver
@@ -256,6 +285,20 @@ def test_operator_runs_on_the_charts_rendered_rbac(
                 lambda: status().get("phase") == "Published", timeout=30, what="status Published"
             )
             wait_for(lambda: "Published" in reasons(), timeout=20, what="the Published event")
+            if watched:
+                # The other namespace's object was never seen: no status, no finalizer.
+                assert status(other, "elsewhere") == {}
+                elsewhere = _get(kube, "sp", "elsewhere", namespace=other) or {}
+                assert not elsewhere["metadata"].get("finalizers"), elsewhere["metadata"]
+            else:
+                wait_for(
+                    lambda: status(other, "elsewhere").get("phase") == "Scheduled",
+                    timeout=30,
+                    what="the other namespace's object served",
+                )
+                kube.kubectl(
+                    "delete", "sp", "elsewhere", "-n", other, "--wait=true", "--timeout=30s"
+                )
             # Delete goes through the finalizer: the cancel handler patches it away.
             kube.kubectl("delete", "sp", "rbac-check", "-n", apps, "--wait=true", "--timeout=30s")
         except (TimeoutError, AssertionError) as exc:
@@ -268,11 +311,76 @@ def test_operator_runs_on_the_charts_rendered_rbac(
         sidecars.stop()
         operator.stop()
         postgres.drop_database(database)
-        for name in (apps, namespace):
+        for name in (apps, other, namespace):
             kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
-        kube.kubectl(
-            "delete",
-            "clusterrolebinding,clusterrole",
-            by_kind["ClusterRole"]["metadata"]["name"],
-            check=False,
+        if not watched:
+            kube.kubectl(
+                "delete",
+                "clusterrolebinding,clusterrole",
+                by_kind["ClusterRole"]["metadata"]["name"],
+                check=False,
+            )
+
+
+def test_the_injection_webhook_is_sent_only_labelled_pods_of_watched_namespaces(
+    kube: KubeAPIServer, tmp_path: Path
+) -> None:
+    """The chart's MutatingWebhookConfiguration, as rendered, pointed at an address where
+    nothing listens with ``failurePolicy: Fail``: a pod the API server sends to the webhook is
+    refused, one it does not send is admitted.  So the API server itself proves which pods
+    reach the injector: only those labelled ``schedlock.dev/inject: "true"``, and, with
+    ``operator.watchNamespaces``, only in those namespaces (never kube-system or the
+    release's own)."""
+    helm = Helm(kube.admin_kubeconfig, tmp_path / "helm-home")
+    release = f"sel-{uuid.uuid4().hex[:6]}"
+    namespace, apps, other = f"{release}-system", f"{release}-apps", f"{release}-other"
+    for name in (namespace, apps, other):
+        kube.kubectl("create", "namespace", name)
+    dead = f"https://127.0.0.1:{free_port()}/inject"  # nothing listens: a call fails
+
+    def install(*args: str) -> str:
+        docs = _render(helm, release, namespace, *args)
+        (config,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        (hook,) = config["webhooks"]
+        hook["clientConfig"] = {"url": dead, "caBundle": hook["clientConfig"]["caBundle"]}
+        hook["failurePolicy"] = "Fail"
+        kube.apply(config)
+        return str(config["metadata"]["name"])
+
+    def sent(where: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> bool:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "generateName": "app-",
+                "namespace": where,
+                "labels": {"app.kubernetes.io/name": "billing", **labels},
+                "annotations": annotations or {},
+            },
+            "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
+        }
+        out = kube.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False
         )
+        if out.returncode == 0:
+            return False
+        assert 'failed calling webhook "inject.schedlock.dev"' in out.stderr, out.stderr
+        return True
+
+    opt_in = {LABEL_INJECT: LABEL_INJECT_VALUE}
+    name = install()
+    try:
+        assert sent(apps, opt_in) and sent(other, opt_in)  # the whole cluster
+        assert not sent(apps, {})  # no label: never sent, whatever else the pod says
+        assert not sent(apps, {}, annotations=opt_in)  # the opt-in of 0.1 is not enough
+        assert not sent(apps, {LABEL_INJECT: "True"})  # the selector is exact, as the injector
+        assert not sent(namespace, opt_in) and not sent("kube-system", opt_in)
+        kube.kubectl("delete", "mutatingwebhookconfiguration", name)
+        name = install("--set", f"operator.watchNamespaces={{{apps}}}")
+        assert sent(apps, opt_in)
+        assert not sent(other, opt_in)  # not watched: not sent
+        assert not sent(apps, {})
+    finally:
+        kube.kubectl("delete", "mutatingwebhookconfiguration", name, check=False)
+        for ns in (namespace, apps, other):
+            kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from schedlock.core.logs import Event, records
+from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
 from testbed.operators import (
     OPERATOR_NAMESPACE,
     OPERATOR_SA,
@@ -28,6 +29,7 @@ from testbed.pg_fixtures import OPERATOR_ROLE, as_role
 from testbed.sidecars import wait_for
 
 NAMESPACE = "e2e-publish"
+OPT_IN = {LABEL_INJECT: LABEL_INJECT_VALUE}  # the label pods opt in to the sidecar with
 
 
 class Stack(OperatorStack):
@@ -259,7 +261,9 @@ def test_operator_runs_with_least_privilege(stack: Stack) -> None:
 
 
 def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
-    def create(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    def create(
+        name: str, annotations: dict[str, str], opt_in: dict[str, str] = OPT_IN
+    ) -> dict[str, Any]:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -267,7 +271,7 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
                 "name": name,
                 "namespace": NAMESPACE,
                 "annotations": annotations,
-                "labels": {"app.kubernetes.io/name": "billing"},
+                "labels": {**opt_in, "app.kubernetes.io/name": "billing"},
             },
             "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
         }
@@ -275,7 +279,7 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
         created: dict[str, Any] = json.loads(out.stdout)
         return created
 
-    injected = create("opted-in", {"schedlock.dev/inject": "true"})
+    injected = create("opted-in", {})
     [sidecar] = injected["spec"]["initContainers"]
     assert sidecar["name"] == "schedlock" and sidecar["restartPolicy"] == "Always"
     assert sidecar["startupProbe"]["httpGet"]["path"] == "/healthz"
@@ -283,9 +287,12 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
     assert sidecar["securityContext"]["runAsNonRoot"] is True
     assert injected["metadata"]["labels"]["schedlock.dev/injected"] == "true"
     assert [c["name"] for c in injected["spec"]["containers"]] == ["app"]
-    untouched = create("plain", {})
+    untouched = create("plain", {}, opt_in={})
     assert "initContainers" not in untouched["spec"]
     assert "schedlock.dev/injected" not in untouched["metadata"].get("labels", {})
+    # The opt-in of 0.1, the annotation alone, is not sent to the webhook any more.
+    legacy = create("annotated-only", {"schedlock.dev/inject": "true"}, opt_in={})
+    assert "initContainers" not in legacy["spec"]
     # A malformed signing Secret is never half-applied: no sidecar, and kubectl shows why.
     malformed = {
         "apiVersion": "v1",
@@ -293,11 +300,8 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
         "metadata": {
             "name": "bad-signing-secret",
             "namespace": NAMESPACE,
-            "annotations": {
-                "schedlock.dev/inject": "true",
-                "schedlock.dev/signing-secret": "Billing_HMAC",
-            },
-            "labels": {"app.kubernetes.io/name": "billing"},
+            "annotations": {"schedlock.dev/signing-secret": "Billing_HMAC"},
+            "labels": {**OPT_IN, "app.kubernetes.io/name": "billing"},
         },
         "spec": {"containers": [{"name": "app", "image": "example/app:1"}]},
     }
@@ -307,6 +311,40 @@ def test_pods_that_opt_in_get_the_native_sidecar(stack: Stack) -> None:
         "Warning: schedlock: schedlock.dev/signing-secret must be NAME or NAME/KEY of a Secret; "
         "'Billing_HMAC' is not a Secret name"
     ) in out.stderr, out.stderr
+    # Every other annotation the same way: the pod runs, without a sidecar that could not
+    # start (and would keep the app from starting), and kubectl shows which value and why.
+    for n, (key, value, says) in enumerate(
+        [
+            ("schedlock.dev/target", "Billing", "must be a DNS label"),
+            ("schedlock.dev/target-url", "ftp://127.0.0.1:21/", "must be an http:// or https://"),
+            ("schedlock.dev/target-ready-url", "tcp://127.0.0.1", "or tcp://host:port"),
+            ("schedlock.dev/database-secret", "App_DB", "must name a Secret"),
+            ("schedlock.dev/target-ulr", "http://x:1/", "is not an annotation schedlock reads"),
+        ]
+    ):
+        out = stack.kube.kubectl(
+            "create",
+            "-f",
+            "-",
+            "-o",
+            "json",
+            input=json.dumps(
+                {
+                    **malformed,
+                    "metadata": {
+                        **malformed["metadata"],
+                        "name": f"bad-{n}",
+                        "annotations": {key: value},
+                    },
+                }
+            ),
+        )
+        assert "initContainers" not in json.loads(out.stdout)["spec"], key
+        assert "Warning: schedlock: " in out.stderr and key in out.stderr, out.stderr
+        assert says in out.stderr, out.stderr
+    logged = list(records(stack.operator.log_text(), Event.POD_NOT_INJECTED))
+    assert {r["pod"] for r in logged} >= {f"bad-{n}" for n in range(5)}, logged
+    assert all(r["namespace"] == NAMESPACE for r in logged), logged
 
 
 def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) -> None:
@@ -352,11 +390,8 @@ def test_injected_pods_pass_the_restricted_pod_security_profile(stack: Stack) ->
             "metadata": {
                 "name": name,
                 "namespace": namespace,
-                "annotations": {
-                    "schedlock.dev/inject": "true",
-                    "schedlock.dev/signing-secret": "billing-hmac/hmac",
-                },
-                "labels": {"app.kubernetes.io/name": "billing"},
+                "annotations": {"schedlock.dev/signing-secret": "billing-hmac/hmac"},
+                "labels": {**OPT_IN, "app.kubernetes.io/name": "billing"},
             },
             "spec": {"containers": [container], "volumes": [own_volume]},
         }

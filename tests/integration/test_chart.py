@@ -2,8 +2,8 @@
 
 `helm lint --strict` and `helm template` of the defaults and every `ci/` values file, the values
 schema refusing bad values with a readable message, Pod Security "restricted" on every pod
-template, RBAC exactly `operator_rules()`, the CRD exactly `crd_manifest()`, the operator's
-environment 1:1 on its settings, the webhooks and their certificates, monitoring gated on its
+template, RBAC exactly `operator_rbac()` (cluster-wide or per watched namespace), the CRD
+exactly `crd_manifest()`, the operator's environment 1:1 on its settings, the webhooks and their certificates, monitoring gated on its
 API, checkov on the rendered manifests, and the Dockerfile's build commands run outside a
 container.  Installing into a real API server is tests/e2e/test_helm_install.py.
 """
@@ -30,7 +30,8 @@ from cryptography import x509
 from schedlock import __version__
 from schedlock.core.settings import specs
 from schedlock.operator.crd import crd_manifest
-from schedlock.operator.rbac import operator_rules
+from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
+from schedlock.operator.rbac import operator_rbac, operator_rules
 from schedlock.operator.settings import OperatorSettings
 from testbed.tools import ToolMissing, tool
 
@@ -422,27 +423,53 @@ def test_restricted_checker_catches_violations() -> None:
     assert len(_restricted_violations(bad, "bad")) == 5
 
 
-def test_cluster_role_rules_are_exactly_operator_rules() -> None:
-    for values in VALUES:
-        docs = render(*values_args(values))
-        role = one(docs, "ClusterRole")
-        assert role["rules"] == operator_rules()
-        binding = one(docs, "ClusterRoleBinding")
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": role["metadata"]["name"],
-        }
-        account = one(docs, "ServiceAccount")
-        assert binding["subjects"] == [
-            {
-                "kind": "ServiceAccount",
-                "name": account["metadata"]["name"],
-                "namespace": NAMESPACE,
-            }
-        ]
-    assert "Role" not in kinds(render())  # nothing namespaced beyond the ClusterRole
-    assert not {"ClusterRole", "ClusterRoleBinding"} & kinds(render("--set", "rbac.create=false"))
+RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+def _rbac(docs: Iterable[Manifest]) -> list[Manifest]:
+    return sorted(
+        (d for d in docs if d["kind"] in RBAC_KINDS),
+        key=lambda d: (d["metadata"].get("namespace", ""), d["kind"]),
+    )
+
+
+@pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
+def test_rbac_is_exactly_operator_rbac(values: Path | None) -> None:
+    """The rendered RBAC equals operator_rbac() (rules, kinds, bindings) for these values."""
+    docs = render(*values_args(values))
+    deployment = one(docs, "Deployment")
+    watched = env_of(operator_container(docs))["SCHEDLOCK_WATCH_NAMESPACES"]["value"]
+    rendered = _rbac(docs)
+    expected = operator_rbac(
+        deployment["metadata"]["name"],
+        NAMESPACE,
+        one(docs, "ServiceAccount")["metadata"]["name"],
+        [n for n in watched.split(",") if n],
+        labels=rendered[0]["metadata"]["labels"],
+    )
+    assert rendered == _rbac(expected)
+    assert all(d["rules"] == operator_rules() for d in rendered if "rules" in d)
+
+
+def test_rbac_is_namespaced_when_the_operator_watches_namespaces() -> None:
+    cluster_wide = render()
+    assert kinds(_rbac(cluster_wide)) == {"ClusterRole", "ClusterRoleBinding"}
+    scoped = _rbac(render("--set", "operator.watchNamespaces={apps,billing}"))
+    # Nothing cluster-wide: kopf needs no cluster-scoped rule with scanning off (rbac.py).
+    assert kinds(scoped) == {"Role", "RoleBinding"}
+    assert [(d["kind"], d["metadata"]["namespace"]) for d in scoped] == [
+        ("Role", "apps"),
+        ("RoleBinding", "apps"),
+        ("Role", "billing"),
+        ("RoleBinding", "billing"),
+    ]
+    for binding in (d for d in scoped if d["kind"] == "RoleBinding"):
+        assert binding["roleRef"]["kind"] == "Role"
+        # The operator's ServiceAccount lives in the release namespace, not the watched one.
+        assert [s["namespace"] for s in binding["subjects"]] == [NAMESPACE]
+    off = render("--set", "rbac.create=false", "--set", "operator.watchNamespaces={apps}")
+    assert not _rbac(off)
+    assert not _rbac(render("--set", "rbac.create=false"))
 
 
 def test_crd_is_the_generated_manifest_and_kept_on_uninstall() -> None:
@@ -613,7 +640,8 @@ def test_mutating_webhook_for_sidecar_injection() -> None:
             }
         ]
     }
-    assert "objectSelector" not in hook
+    # Only pods that opt in are sent: the label injection.py asks for, not every pod CREATE.
+    assert hook["objectSelector"] == {"matchLabels": {LABEL_INJECT: LABEL_INJECT_VALUE}}
     assert hook["timeoutSeconds"] == 5
     assert hook["failurePolicy"] == "Ignore"
     assert hook["reinvocationPolicy"] == "Never"
@@ -623,14 +651,31 @@ def test_mutating_webhook_for_sidecar_injection() -> None:
         render("-f", CHART / "ci" / "all-features-values.yaml"), "MutatingWebhookConfiguration"
     )
     assert custom["failurePolicy"] == "Fail"
+    # injection.objectSelector is ANDed with the opt-in label, never replaces it.
     assert custom["objectSelector"] == {
-        "matchExpressions": [{"key": "schedlock.dev/skip", "operator": "DoesNotExist"}]
+        "matchExpressions": [{"key": "schedlock.dev/skip", "operator": "DoesNotExist"}],
+        "matchLabels": {LABEL_INJECT: LABEL_INJECT_VALUE},
     }
-    assert custom["namespaceSelector"]["matchExpressions"][0]["values"] == [
-        "kube-system",
-        NAMESPACE,
-        "kube-public",
-        "kube-node-lease",
+    overridden = _webhook(
+        render("--set", "injection.objectSelector.matchLabels.schedlock\\.dev/inject=no"),
+        "MutatingWebhookConfiguration",
+    )
+    assert overridden["objectSelector"] == {"matchLabels": {LABEL_INJECT: LABEL_INJECT_VALUE}}
+    # The same namespaces as the operator (all-features watches apps and billing), less the
+    # excluded ones: both expressions must hold.
+    assert custom["namespaceSelector"]["matchExpressions"] == [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["kube-system", NAMESPACE, "kube-public", "kube-node-lease"],
+        },
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["apps", "billing"]},
+    ]
+    validating = _webhook(
+        render("-f", CHART / "ci" / "all-features-values.yaml"), "ValidatingWebhookConfiguration"
+    )
+    assert validating["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["apps", "billing"]}
     ]
 
 

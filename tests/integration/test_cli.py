@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from schedlock.core.settings import specs
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.store import PublishRecord, open_store
 from schedlock.store.migrations import latest_id
+from schedlock.store.postgres import OPERATOR_GRANTS
+from testbed.pg_fixtures import PostgresService, as_role
 from testbed.sidecars import SidecarProcess, wait_for
 
 SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
@@ -125,8 +128,9 @@ def test_the_lease_alone_is_enough(migrated_database: str, tmp_path: Path) -> No
 def test_inject_takes_the_lease_alone_and_refuses_a_bad_one(tmp_path: Path) -> None:
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(
-        "kind: Pod\nmetadata:\n  name: p\n  annotations: {schedlock.dev/inject: 'true'}\n"
-        "  labels: {app.kubernetes.io/name: billing}\nspec:\n  containers: [{name: app}]\n"
+        "kind: Pod\nmetadata:\n  name: p\n"
+        "  labels: {schedlock.dev/inject: 'true', app.kubernetes.io/name: billing}\n"
+        "spec:\n  containers: [{name: app}]\n"
     )
     bad = run("inject", "-f", str(manifest), "--lease-seconds", "1")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
@@ -174,6 +178,47 @@ def test_migrate_publish_status_round_trip(migrated_database: str) -> None:
     bad_cron = run("schedule", "--target", "billing", "--cron", "61 * * * *", env=env)
     assert bad_cron.returncode == 2 and "out of range" in bad_cron.stderr
     assert run("status", env=env).stdout.startswith("no lock keys yet")
+
+
+def test_status_runs_under_the_role_migrate_grants_the_operator(
+    postgres: PostgresService, tmp_path: Path
+) -> None:
+    """`schedlock status` as the operator's role, the one an operator's Secret holds: the role
+    `migrate --grant-operator` made, and a role with only the operator's required grants (what
+    the operator checks at start; pruning's are optional) — it reads every key, its lock
+    holder and its reserves (schedlock_reserves)."""
+    url = postgres.create_database()
+    granted_role, required_role = (f"op_{kind}_{uuid.uuid4().hex[:8]}" for kind in "gr")
+    for role in (granted_role, required_role):
+        postgres.execute(f'CREATE ROLE "{role}" LOGIN')
+    sidecar = SidecarProcess.for_stand_in_app("status-as-operator", tmp_path, url)
+    try:
+        owner = {"SCHEDLOCK_DATABASE_URL": url}
+        assert run("migrate", env=owner).returncode == 0
+        granted = run("migrate", "--grant-operator", granted_role, env=owner)
+        assert granted.returncode == 0, granted.stderr
+        for privileges, objects in OPERATOR_GRANTS:
+            for obj in objects:
+                postgres.execute(f'GRANT {privileges} ON {obj} TO "{required_role}"', url=url)
+        required = open_store(as_role(url, required_role))
+        assert asyncio.run(required.missing_privileges("operator")) == (required_role, [])
+        sidecar.start()  # a key, its term and its lock, so that status has a row to show
+        wait_for(sidecar.leads, timeout=60, what="the sidecar to lead")
+        for role in (granted_role, required_role):
+            as_operator = {"SCHEDLOCK_DATABASE_URL": as_role(url, role)}
+            status = run("status", "--json", env=as_operator)
+            assert status.returncode == 0, (role, status.stderr)
+            keys = json.loads(status.stdout)
+            assert {(k["namespace"], k["target"]) for k in keys} == {("default", "demo")}, keys
+            assert all(k["leader"] == "status-as-operator" for k in keys), keys
+            assert all(k["reserves"] == [] for k in keys), keys
+            table = run("status", env=as_operator)
+            assert table.returncode == 0 and "demo" in table.stdout, (role, table.stderr)
+    finally:
+        sidecar.stop()
+        postgres.drop_database(url)
+        for role in (granted_role, required_role):
+            postgres.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
 def one_line_error(

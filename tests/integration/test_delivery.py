@@ -86,8 +86,8 @@ def project_like_the_kubelet(root: Path, value: bytes, fs_group: int | None = No
     mount, behind the ``..data`` symlinks, with the volume's mode, owned by root and, when the
     pod has an fsGroup, by that group with group read added (what the kubelet does)."""
     metadata = {
-        "annotations": {"schedlock.dev/inject": "true", "schedlock.dev/signing-secret": "hmac"},
-        "labels": {"app.kubernetes.io/name": "demo"},
+        "annotations": {"schedlock.dev/signing-secret": "hmac"},
+        "labels": {"schedlock.dev/inject": "true", "app.kubernetes.io/name": "demo"},
     }
     spec: dict[str, object] = {"containers": [{"name": "app", "image": "app:1"}]}
     if fs_group is not None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from schedlock.store import Completion, LockKey, open_store
 from schedlock.store.postgres import CODEC, Q
@@ -32,6 +33,7 @@ PUBLISH = LockKey("publish", "default", "demo")
 RECURRING = LockKey("recurring", "default", "demo")
 HISTORY = 200_000
 SCHEDULE_UID = "history-schedule"
+SCOPED_ROLE = "schedlock_plans_default"
 TERM = 3
 
 
@@ -171,9 +173,13 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
-def explain(url: str, name: str, params: Params) -> dict[str, Any]:
+def explain(url: str, name: str, params: Params, role: str | None = None) -> dict[str, Any]:
     with psycopg.connect(url) as conn:
-        row = conn.execute(f"EXPLAIN (FORMAT JSON) {Q[name]}", CODEC.encode(params)).fetchone()
+        if role is not None:  # planned as that role: with its row-level security policies
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        row = conn.execute(
+            f"EXPLAIN (VERBOSE, FORMAT JSON) {Q[name]}", CODEC.encode(params)
+        ).fetchone()
         conn.rollback()
     assert row is not None
     document = row[0] if isinstance(row[0], list) else json.loads(row[0])
@@ -208,14 +214,37 @@ def test_the_history_is_loaded(history: str) -> None:
     assert row == (HISTORY, 24)
 
 
+@pytest.fixture(scope="module")
+def scoped_role(postgres: PostgresService, history: str) -> str:
+    """A runtime role that may serve the history's namespace only (migration 0008): its
+    statements carry the row-level security policies, each an InitPlan run once."""
+    exists = postgres.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", SCOPED_ROLE)
+    if not exists:
+        postgres.execute(f'CREATE ROLE "{SCOPED_ROLE}" LOGIN')
+    store = open_store(history)
+    grant = store.grant(sidecar_role=SCOPED_ROLE, operator_role=None, namespaces=["default"])
+    asyncio.run(grant)
+    return SCOPED_ROLE
+
+
+@pytest.mark.parametrize("as_role", [False, True], ids=["owner", "namespace-role"])
 @pytest.mark.parametrize("verb", sorted(HOT_PATH))
-def test_hot_path_query_reads_only_live_rows(history: str, verb: str) -> None:
+def test_hot_path_query_reads_only_live_rows(
+    history: str, scoped_role: str, verb: str, as_role: bool
+) -> None:
     call, allowed = HOT_PATH[verb]
     query = captured(call)
-    plan = explain(history, query.name, query.params)
+    plan = explain(history, query.name, query.params, scoped_role if as_role else None)
     assert not scans_of_history(plan), (query.name, json.dumps(plan, indent=1))
     used = indexes_of_publishes(plan)
     assert used and used <= allowed, (query.name, used)
+    if as_role:  # the policy's namespaces are computed once per statement, not per row
+        policy = [
+            str(n.get("Subplan Name"))
+            for n in plan_nodes(plan)
+            if "schedlock_served_namespaces" in json.dumps(n.get("Output", ""))
+        ]
+        assert policy and all(name.startswith("InitPlan") for name in policy), policy
     if verb in PROBES:  # one end of the index, in its order: nothing sorts the history
         nodes = list(plan_nodes(plan))
         assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], plan

@@ -559,3 +559,40 @@ def test_a_batch_too_large_to_name_in_a_notice_is_recorded_and_notified_without_
         await store.close()
 
     asyncio.run(run())
+
+
+def test_upgrading_to_namespace_roles_keeps_granted_roles_on_every_namespace(
+    database: str, postgres: PostgresService, runtime_roles: tuple[str, str]
+) -> None:
+    """Migration 0008 maps every role granted before it to '*' (nothing stops firing); a
+    scoped grant with --only then narrows it, and row-level security follows."""
+    from testbed.pg_fixtures import as_role
+    from testbed.rows import insert_rows
+
+    sidecar = runtime_roles[0]
+    store = open_store(database)
+    asyncio.run(store.migrate(to=7))
+    # What a schema-7 `migrate --grant-sidecar` left behind.
+    postgres.execute(
+        f'GRANT SELECT, INSERT, UPDATE ON schedlock_publishes TO "{sidecar}"', url=database
+    )
+    asyncio.run(store.migrate())
+    mapped = postgres.execute("SELECT role, namespace FROM schedlock_namespace_roles", url=database)
+    assert mapped == [(sidecar, "*")]
+    insert_rows(database, 2, namespace="team-a", prefix="a")
+    insert_rows(database, 3, namespace="team-b", prefix="b")
+
+    def visible() -> dict[str, int]:
+        with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT namespace, count(*) FROM schedlock_publishes GROUP BY namespace"
+            ).fetchall()
+        return {str(ns): int(n) for ns, n in found}
+
+    assert visible() == {"team-a": 2, "team-b": 3}
+    grant = store.grant(sidecar_role=sidecar, operator_role=None, namespaces=["team-a"])
+    assert asyncio.run(grant).serves == {sidecar: ("*", "team-a")}  # added: still every one
+    assert visible() == {"team-a": 2, "team-b": 3}
+    only = store.grant(sidecar_role=sidecar, operator_role=None, namespaces=["team-a"], only=True)
+    assert asyncio.run(only).serves == {sidecar: ("team-a",)}
+    assert visible() == {"team-a": 2}

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlock.cli import main
-from schedlock.core.settings import SettingError, build
+from schedlock.core.settings import SettingError, build, spec_of
 from schedlock.core.timings import DEFAULT_LEASE_SECONDS
 from schedlock.operator.injection import (
+    ANNOTATION_CHECKS,
     CONTAINER_NAME,
     LABEL_INJECTED,
     InjectionConfig,
@@ -33,6 +34,7 @@ from schedlock.sidecar.settings import SidecarSettings
 
 CONFIG = InjectionConfig(image="example/schedlock:1.2.3")
 SIGNING = "schedlock.dev/signing-secret"
+OPT_IN = {"schedlock.dev/inject": "true"}  # the label
 
 
 def pod(
@@ -51,31 +53,55 @@ def pod(
 def opted_in(**annotations: str) -> dict[str, Any]:
     """A pod that asks for the sidecar, with extra annotations (``signing`` is the signing one)."""
     extra = {SIGNING if k == "signing" else k: v for k, v in annotations.items()}
-    return pod({"schedlock.dev/inject": "true", **extra}, {"app.kubernetes.io/name": "billing"})
+    return pod(extra, {**OPT_IN, "app.kubernetes.io/name": "billing"})
 
 
-def test_opt_in_by_annotation_with_target_from_annotation_or_label() -> None:
+def test_opt_in_by_label_with_target_from_annotation_or_label() -> None:
     assert not wants_sidecar(pod()["metadata"]).inject
-    assert not wants_sidecar(pod({"schedlock.dev/inject": "false"})["metadata"]).inject
-    by_label = wants_sidecar(
-        pod({"schedlock.dev/inject": "true"}, {"app.kubernetes.io/name": "billing"})["metadata"]
-    )
+    assert not wants_sidecar(pod({}, {"schedlock.dev/inject": "false"})["metadata"]).inject
+    by_label = wants_sidecar(pod({}, {**OPT_IN, "app.kubernetes.io/name": "billing"})["metadata"])
     assert by_label.inject and by_label.target == "billing"
     by_annotation = wants_sidecar(
-        pod(
-            {"schedlock.dev/inject": "true", "schedlock.dev/target": "mail"},
-            {"app.kubernetes.io/name": "billing"},
-        )["metadata"]
+        pod({"schedlock.dev/target": "mail"}, {**OPT_IN, "app.kubernetes.io/name": "billing"})[
+            "metadata"
+        ]
     )
     assert by_annotation.target == "mail"
-    nameless = wants_sidecar(pod({"schedlock.dev/inject": "true"})["metadata"])
+    nameless = wants_sidecar(pod({}, OPT_IN)["metadata"])
     assert not nameless.inject and "app.kubernetes.io/name" in nameless.reason
+
+
+def test_the_label_is_the_opt_in_exactly_as_the_webhook_selects_it() -> None:
+    """The chart's objectSelector matches `schedlock.dev/inject: "true"` exactly: the injector
+    agrees, so what the webhook is sent and what it injects are the same pods."""
+    named = {"app.kubernetes.io/name": "billing"}
+    # The opt-in of 0.1, an annotation alone, no longer opts in (and says what to change).
+    legacy = wants_sidecar(pod(OPT_IN, named)["metadata"])
+    assert not legacy.inject
+    assert legacy.reason == (
+        "schedlock.dev/inject is a label now: the annotation alone no longer opts in; "
+        'add the label schedlock.dev/inject: "true" to the pod (template)'
+    )
+    assert refusal(pod(OPT_IN, named)["metadata"], CONFIG) == legacy.reason
+    # Label and annotation together: the label decides, the annotation is ignored.
+    assert wants_sidecar(pod(OPT_IN, {**OPT_IN, **named})["metadata"]).inject
+    assert (
+        refusal(pod(OPT_IN, {"schedlock.dev/inject": "false", **named})["metadata"], CONFIG) is None
+    )
+    # A label value the selector would not match is not an opt-in, and is reported.
+    for value in ("True", "yes", "1"):
+        decision = wants_sidecar(pod({}, {"schedlock.dev/inject": value, **named})["metadata"])
+        assert not decision.inject
+        assert decision.reason == (
+            f'the label schedlock.dev/inject must be "true" exactly (the webhook selects on it), '
+            f"got '{value}': not injected"
+        )
 
 
 def test_native_sidecar_with_restricted_security() -> None:
     p = pod(
-        {"schedlock.dev/inject": "true", "schedlock.dev/target-url": "http://127.0.0.1:3000/hook"},
-        {"app.kubernetes.io/name": "billing"},
+        {"schedlock.dev/target-url": "http://127.0.0.1:3000/hook"},
+        {**OPT_IN, "app.kubernetes.io/name": "billing"},
     )
     changed = inject_pod(p["metadata"], p["spec"], CONFIG)
     assert changed is not None
@@ -104,7 +130,7 @@ def test_native_sidecar_with_restricted_security() -> None:
 
 
 def test_injection_is_idempotent_and_leaves_others_alone() -> None:
-    p = pod({"schedlock.dev/inject": "true"}, {"app.kubernetes.io/name": "billing"})
+    p = pod({}, {**OPT_IN, "app.kubernetes.io/name": "billing"})
     meta, spec = inject_pod(p["metadata"], p["spec"], CONFIG) or ({}, {})
     assert inject_pod(meta, spec, CONFIG) is None
     plain = pod()
@@ -115,8 +141,7 @@ def test_injection_is_idempotent_and_leaves_others_alone() -> None:
 def test_workload_templates_are_injected(kind: str) -> None:
     template = {
         "metadata": {
-            "annotations": {"schedlock.dev/inject": "true"},
-            "labels": {"app.kubernetes.io/name": "billing"},
+            "labels": {**OPT_IN, "app.kubernetes.io/name": "billing"},
         },
         "spec": {"containers": [{"name": "app", "image": "app:1"}]},
     }
@@ -243,11 +268,11 @@ def test_bad_signing_secret_is_refused_with_the_reason(value: str, problem: str)
 
 def test_refusal_speaks_only_for_pods_that_asked() -> None:
     assert refusal(pod()["metadata"], CONFIG) is None
-    assert refusal(pod({"schedlock.dev/inject": "false"})["metadata"], CONFIG) is None
+    assert refusal(pod({}, {"schedlock.dev/inject": "false"})["metadata"], CONFIG) is None
     assert refusal(opted_in(signing="ok")["metadata"], CONFIG) is None
-    typo = refusal(pod({"schedlock.dev/inject": "yes"})["metadata"], CONFIG)
-    assert typo == 'no schedlock.dev/inject: "true" annotation'
-    nameless = refusal(pod({"schedlock.dev/inject": "true"})["metadata"], CONFIG)
+    typo = refusal(pod({}, {"schedlock.dev/inject": "yes"})["metadata"], CONFIG)
+    assert typo is not None and typo.startswith('the label schedlock.dev/inject must be "true"')
+    nameless = refusal(pod({}, OPT_IN)["metadata"], CONFIG)
     assert nameless is not None and nameless.endswith("to name its target: not injected")
 
 
@@ -418,6 +443,16 @@ def test_a_manifest_file_that_is_not_utf8_is_one_line(
         ({"schedlock.dev/target-url": "http://127.0.0.1:99999/x"}, "port from 1 to 65535"),
         ({"schedlock.dev/target-url": "abc"}, "schedlock.dev/target-url must be an http://"),
         ({"schedlock.dev/database-secret": "Bad_Secret"}, "must name a Secret (a DNS subdomain)"),
+        ({"schedlock.dev/database-secret": " db"}, "schedlock.dev/database-secret must name"),
+        ({"schedlock.dev/target-ready-url": "tcp://127.0.0.1"}, "schedlock.dev/target-ready-url"),
+        ({SIGNING: "a/b/c"}, "schedlock.dev/signing-secret must be NAME or NAME/KEY"),
+        # A typo of a known annotation would deliver to the default URL unnoticed: refused.
+        (
+            {"schedlock.dev/target-ulr": "http://127.0.0.1:3000/"},
+            "'schedlock.dev/target-ulr' is not an annotation schedlock reads (it reads "
+            "schedlock.dev/database-secret, schedlock.dev/signing-secret, schedlock.dev/target, "
+            "schedlock.dev/target-ready-url, schedlock.dev/target-url): not injected",
+        ),
     ],
 )
 def test_an_annotation_the_sidecar_would_refuse_means_no_sidecar(
@@ -431,8 +466,30 @@ def test_an_annotation_the_sidecar_would_refuse_means_no_sidecar(
     assert inject_pod(p["metadata"], p["spec"], CONFIG) is None
 
 
+def test_every_annotation_is_checked_by_the_parser_of_the_setting_it_becomes() -> None:
+    """One path for every annotation: the sidecar's own parser for the variable it is injected
+    as, so the injector and the sidecar can never disagree about a value."""
+    becomes = {
+        "schedlock.dev/target": "target",
+        "schedlock.dev/target-url": "target_url",
+        "schedlock.dev/target-ready-url": "target_ready_url",
+    }
+    for annotation, name in becomes.items():
+        assert ANNOTATION_CHECKS[annotation] is spec_of(SidecarSettings, name).parse
+    assert ANNOTATION_CHECKS[SIGNING] is parse_signing_secret
+    assert set(ANNOTATION_CHECKS) == {
+        *becomes,
+        SIGNING,
+        "schedlock.dev/database-secret",
+    }
+    # Left beside the label, the old opt-in annotation is ignored, not refused as unknown.
+    assert wants_sidecar(opted_in(**{"schedlock.dev/inject": "true"})["metadata"]).inject
+    # Other prefixes are the app's business.
+    assert wants_sidecar(opted_in(**{"example.com/schedlock.dev-x": "1"})["metadata"]).inject
+
+
 def test_a_label_target_the_sidecar_would_refuse_means_no_sidecar() -> None:
-    p = pod({"schedlock.dev/inject": "true"}, {"app.kubernetes.io/name": "x" * 64})
+    p = pod({}, {**OPT_IN, "app.kubernetes.io/name": "x" * 64})
     assert (refusal(p["metadata"], CONFIG) or "").startswith("app.kubernetes.io/name must be")
 
 
@@ -501,13 +558,14 @@ def manifests(draw: st.DrawFn) -> dict[str, Any]:
                         "schedlock.dev/target-ready-url",
                         "schedlock.dev/database-secret",
                         SIGNING,
+                        "schedlock.dev/target-ulr",  # unknown: refused, never a crash
                     ]
                 ),
                 ANNOTATION_VALUES,
                 max_size=6,
             )
         )
-        template = {"metadata": {"annotations": {"schedlock.dev/inject": "true", **annotations}}}
+        template = {"metadata": {"annotations": annotations, "labels": OPT_IN}}
         if kind == "Pod":
             doc["metadata"] = template["metadata"]
         else:

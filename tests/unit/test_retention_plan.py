@@ -258,8 +258,7 @@ def test_injected_sidecars_prune_by_the_operators_retention() -> None:
     config = build(OperatorSettings, None, env).injection
     metadata = {
         "name": "app-1",
-        "annotations": {"schedlock.dev/inject": "true"},
-        "labels": {"app.kubernetes.io/name": "billing"},
+        "labels": {"schedlock.dev/inject": "true", "app.kubernetes.io/name": "billing"},
     }
     changed = inject_pod(metadata, {"containers": [{"name": "app", "image": "app:1"}]}, config)
     assert changed is not None

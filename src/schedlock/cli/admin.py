@@ -43,6 +43,8 @@ from schedlock.core.settings import (
 )
 from schedlock.operator.crd import MAX_SCHEDULE_LENGTH, MAX_TIME_ZONE_LENGTH
 from schedlock.store import (
+    EVERY_NAMESPACE,
+    GrantReport,
     KeyStatus,
     MigrationRefused,
     PublishSpec,
@@ -159,18 +161,27 @@ def _with_store(
 
 def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
     to = None if args.to is None else flag_value("--to", args.to, integer(0, 9999))
+    namespaces = [flag_value("--namespace", raw, dns_label) for raw in args.namespace or ()]
+    granting = bool(args.grant_sidecar or args.grant_operator)
+    if (namespaces or args.only) and not granting:
+        raise CommandError(
+            "--namespace and --only go with --grant-sidecar or --grant-operator", EXIT_BAD_SETTING
+        )
 
     async def migrate(store: Store) -> tuple[list[int], SchemaStatus] | MigrationRefused:
         try:
             changed = await store.migrate(to=to, force=args.force)
         except MigrationRefused as exc:
             return exc
-        if args.grant_sidecar or args.grant_operator:
-            granted = await store.grant(
-                sidecar_role=args.grant_sidecar, operator_role=args.grant_operator
+        if granting:
+            report = await store.grant(
+                sidecar_role=args.grant_sidecar,
+                operator_role=args.grant_operator,
+                namespaces=namespaces,
+                only=args.only,
             )
-            if granted:
-                print(f"granted runtime privileges to {', '.join(granted)}")
+            if report.serves:
+                print("\n".join(grant_report(report)))
             else:  # SQLite: one process, no roles
                 print("nothing granted: this database has no roles", file=sys.stderr)
         return changed, await store.schema_status()
@@ -180,6 +191,32 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
         raise CommandError(str(result), EXIT_BAD_SETTING)
     print(migrate_report(*result))
     return 0
+
+
+def grant_report(report: GrantReport) -> list[str]:
+    """What ``schedlock migrate --grant-…`` says it did: per role, the namespaces it may serve
+    now; then what it revoked from PUBLIC."""
+    lines = []
+    for role, served in report.serves.items():
+        lines.append(f"granted runtime privileges to {role}")
+        if EVERY_NAMESPACE in served:
+            also = [ns for ns in served if ns != EVERY_NAMESPACE]
+            listed = f" (also listed: {', '.join(also)}; --only drops the rest)" if also else ""
+            lines.append(
+                f"{role} may serve every namespace{listed}: single-tenant; use --namespace "
+                "to scope it (with --only to drop every other namespace)"
+            )
+        else:
+            lines.append(
+                f"{role} may serve namespace{'s' if len(served) > 1 else ''} "
+                f"{', '.join(served)} only (row-level security)"
+            )
+    if report.revoked_public_create:
+        lines.append(
+            f"revoked CREATE on schema {report.revoked_public_create} from PUBLIC: no runtime "
+            "role may create tables or functions there"
+        )
+    return lines
 
 
 def migrate_report(changed: list[int], status: SchemaStatus) -> str:
@@ -411,8 +448,25 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
             f"--grant-{component}",
             metavar="ROLE",
             default=None,
-            help=f"grant the {component}'s least privileges (no DDL) to this role",
+            help=f"grant the {component}'s least privileges (no DDL) to this role; it may "
+            "serve every namespace unless --namespace scopes it",
         )
+    migrate.add_argument(
+        "--namespace",
+        metavar="NS",
+        action="append",
+        default=None,
+        help="with --grant-*: the role may serve namespace NS (repeatable), enforced by "
+        "row-level security; added to the namespaces it may serve already (without "
+        "--namespace: every namespace, '*', for single-tenant installs)",
+    )
+    migrate.add_argument(
+        "--only",
+        action="store_true",
+        help="with --grant-*: the namespaces given become all the role may serve, dropping "
+        "the others (the '*' an upgrade or a plain grant recorded too): how an existing "
+        "all-namespace install is scoped, docs/operations.md",
+    )
 
     publish = add_command(
         subparsers,

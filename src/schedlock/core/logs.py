@@ -82,6 +82,7 @@ class Event(StrEnum):
     STATUS_SYNC_RESUMED = "status_sync_resumed"
     STATUS_SYNC_LOOKUPS_BOUNDED = "status_sync_lookups_bounded"
     KUBE_EVENT_FAILED = "kube_event_failed"
+    POD_NOT_INJECTED = "pod_not_injected"
     ROWS_REASSERTED = "rows_reasserted"
     REASSERT_READ_ONLY = "reassert_read_only"
     REASSERT_FAILED = "reassert_failed"

@@ -29,6 +29,7 @@ from typing import Any
 
 import kopf
 
+from schedlock.core.logs import Event
 from schedlock.operator import mapping
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.injection import InjectionConfig, inject_pod, refusal
@@ -42,6 +43,7 @@ from schedlock.store import (
     StoreUnavailable,
 )
 
+log = logging.getLogger("schedlock.operator.inject")
 RETRIES = 20
 # The deepest JSON the API server takes (Go's encoding/json refuses more than 10,000 levels),
 # so the deepest object kopf may have to read: a ScheduledPublish whose payload nests that
@@ -262,11 +264,29 @@ def build_registry(
     if injection is not None:
 
         @kopf.on.mutate("", "v1", "pods", registry=registry, id="inject", operations=["CREATE"])
-        def inject(body: kopf.Body, patch: kopf.Patch, warnings: list[str], **_: Any) -> None:
+        def inject(
+            body: kopf.Body,
+            patch: kopf.Patch,
+            warnings: list[str],
+            namespace: str | None = None,
+            **_: Any,
+        ) -> None:
             metadata, spec = dict(body.get("metadata") or {}), dict(body.get("spec") or {})
             problem = refusal(metadata, injection)
             if problem is not None:
+                # The pod does not exist yet (no uid for an Event): the warning goes back to
+                # whoever creates it (kubectl prints it; a ReplicaSet's goes to the
+                # controller), so the log is where an operator finds it.
                 warnings.append(f"schedlock: {problem}")
+                log.warning(
+                    "pod admitted without the sidecar",
+                    extra={
+                        "event": Event.POD_NOT_INJECTED,
+                        "namespace": namespace or metadata.get("namespace"),
+                        "pod": metadata.get("name") or metadata.get("generateName"),
+                        "reason": problem,
+                    },
+                )
                 return
             changed = inject_pod(metadata, spec, injection)
             if changed is not None:

@@ -4,9 +4,11 @@
     helm template my-app ./chart | schedlock inject | kubectl apply -f -
 
 Pods and workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob) whose pod
-template opts in with the annotation ``schedlock.dev/inject: "true"`` get the native sidecar;
-everything else passes through unchanged. A template that asks for the sidecar but cannot have
-it (no target, a malformed annotation) passes through too, with a warning on stderr.
+template opts in with the label ``schedlock.dev/inject: "true"`` (the label the webhook selects
+on) get the native sidecar; everything else passes through unchanged. A template that asks for
+the sidecar but cannot have it (no target, a malformed annotation, a label value other than
+``"true"``, or the annotation ``schedlock.dev/inject`` of 0.1 without the label) passes through
+too, with a warning on stderr that says what to change.
 
 Input that is not a stream of Kubernetes manifests (not YAML, not UTF-8, nested too deep to
 read, or a field on the way to a pod template of the wrong shape, such as a list for

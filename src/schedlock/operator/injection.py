@@ -3,8 +3,13 @@
 Used by the operator's mutating webhook (``/inject``) and by ``schedlock inject`` for people
 who do not want a webhook — one code path, so both add exactly the same container.
 
-A pod opts in with the annotation ``schedlock.dev/inject: "true"``. The target is the
-annotation ``schedlock.dev/target``, else the label ``app.kubernetes.io/name``. The sidecar is
+A pod opts in with the label ``schedlock.dev/inject: "true"`` (exactly ``"true"``): the chart's
+webhook has an objectSelector on that label, so the API server calls the injector only for pods
+that carry it, never for every pod created in the cluster, and :func:`wants_sidecar` asks for the
+same label so that ``schedlock inject`` and the webhook agree with the selector.  Until 0.1 the
+opt-in was an annotation of that name; an annotation alone no longer opts in (it is reported,
+with the upgrade step, by ``schedlock inject``).  Everything else stays in annotations.  The
+target is the annotation ``schedlock.dev/target``, else the label ``app.kubernetes.io/name``. The sidecar is
 a Kubernetes native sidecar (an init container with ``restartPolicy: Always``): it starts
 before the app, keeps running beside it, and stops after it. Its settings come from the pod's
 own namespace: the database URL from a Secret there (``schedlock-database``/``url`` unless the
@@ -27,8 +32,11 @@ means no sidecar and a warning.
 
 The target (a DNS label, as the sidecar requires), the ``schedlock.dev/target-url`` annotation
 (an http(s) URL with a port from 1 to 65535) and ``schedlock.dev/database-secret`` (a Secret
-name) are checked the same way: a sidecar that would refuse to start, or a pod the API server
-would refuse, is never made.
+name) are checked the same way, by one table (:data:`ANNOTATION_CHECKS`, the sidecar's own
+parsers): a sidecar that would refuse to start, or a pod the API server would refuse, is never
+made.  A ``schedlock.dev/`` annotation the injector does not read (a typo such as
+``schedlock.dev/target-ulr``, which would otherwise deliver to the default URL unnoticed) is
+refused the same way.  The webhook logs every refusal (``pod_not_injected``) besides warning.
 
 A manifest whose shape no Kubernetes object has (``metadata`` a list, a container a string) is a
 :class:`ManifestError` naming the field: the webhook never sees one (the API server decoded the
@@ -45,7 +53,7 @@ import copy
 import itertools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,13 +61,18 @@ from schedlock import __version__
 from schedlock.core.settings import check_url, dns_label, http_url, quoted
 from schedlock.core.timings import DEFAULT_LEASE_SECONDS, LeaseTimings
 
-ANNOTATION_INJECT = "schedlock.dev/inject"
+LABEL_INJECT = "schedlock.dev/inject"
+"""The opt-in label; its only value that opts in is ``"true"`` (what the webhook selects on)."""
+LABEL_INJECT_VALUE = "true"
+ANNOTATION_INJECT = LABEL_INJECT  # the opt-in of 0.1: no longer enough, reported when alone
 ANNOTATION_TARGET = "schedlock.dev/target"
 ANNOTATION_TARGET_URL = "schedlock.dev/target-url"
 ANNOTATION_TARGET_READY_URL = "schedlock.dev/target-ready-url"
 ANNOTATION_DATABASE_SECRET = "schedlock.dev/database-secret"
 ANNOTATION_SIGNING_SECRET = "schedlock.dev/signing-secret"
 LABEL_INJECTED = "schedlock.dev/injected"
+LABEL_NAME = "app.kubernetes.io/name"  # the target when the pod has no target annotation
+ANNOTATION_PREFIX = "schedlock.dev/"
 CONTAINER_NAME = "schedlock"
 METRICS_PORT = 9090
 METRICS_PORT_NAME = "schedlock-http"  # port names are at most 15 characters
@@ -199,62 +212,114 @@ class Decision:
         return self.target is not None
 
 
+def opt_in_problem(metadata: Mapping[str, Any]) -> str | None:
+    """Why the pod is not opted in (None: it carries the label ``schedlock.dev/inject: "true"``)."""
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    label = labels.get(LABEL_INJECT)
+    if label == LABEL_INJECT_VALUE:
+        return None
+    if label is not None:
+        return (
+            f'the label {LABEL_INJECT} must be "{LABEL_INJECT_VALUE}" exactly (the webhook '
+            f"selects on it), got {quoted(str(label))}: not injected"
+        )
+    if ANNOTATION_INJECT in annotations:
+        return (
+            f"{ANNOTATION_INJECT} is a label now: the annotation alone no longer opts in; "
+            f'add the label {LABEL_INJECT}: "{LABEL_INJECT_VALUE}" to the pod (template)'
+        )
+    return f'no {LABEL_INJECT}: "{LABEL_INJECT_VALUE}" label'
+
+
+def secret_name(raw: str) -> str:
+    """The name of a Secret (a DNS subdomain), as the pod's ``secretKeyRef`` will carry it."""
+    if not DNS_SUBDOMAIN.fullmatch(raw):
+        raise ValueError(f"must name a Secret (a DNS subdomain), got {quoted(raw)}")
+    return raw
+
+
+# Every pod annotation the injector reads, and the check its value must pass: the parser the
+# sidecar itself runs on the variable it becomes (schedlock.sidecar.settings), or what the API
+# server demands of the field, so a value that passes never makes a sidecar that refuses to
+# start, nor a pod the API server refuses.  A blank value means the default (for the signing
+# secret: no signing).  One path for all of them: a value that fails is not half-applied, the
+# pod is admitted without the sidecar and the reason is the webhook's warning.
+ANNOTATION_CHECKS: Mapping[str, Callable[[str], object]] = {
+    ANNOTATION_TARGET: dns_label,
+    ANNOTATION_TARGET_URL: http_url,
+    ANNOTATION_TARGET_READY_URL: check_url,
+    ANNOTATION_DATABASE_SECRET: secret_name,
+    ANNOTATION_SIGNING_SECRET: parse_signing_secret,
+}
+# ANNOTATION_INJECT too: left on a pod beside the label, it is ignored, not a typo.
+KNOWN_ANNOTATIONS = frozenset({ANNOTATION_INJECT, *ANNOTATION_CHECKS})
+
+
+def annotation_problem(annotations: Mapping[str, Any]) -> str | None:
+    """What is wrong with the pod's ``schedlock.dev/`` annotations (None: nothing).
+
+    A ``schedlock.dev/`` annotation the injector does not read is a typo until shown otherwise
+    (``schedlock.dev/target-ulr`` would silently deliver to the default URL), so it is refused
+    like a bad value."""
+    for key in sorted(str(k) for k in annotations):
+        if key.startswith(ANNOTATION_PREFIX) and key not in KNOWN_ANNOTATIONS:
+            return (
+                f"{quoted(key)} is not an annotation schedlock reads (it reads "
+                f"{', '.join(sorted(ANNOTATION_CHECKS))}): not injected"
+            )
+    for key, check in ANNOTATION_CHECKS.items():
+        if not annotation(annotations, key):
+            continue  # the default (a blank signing secret: no signing)
+        try:
+            check(str(annotations[key]))  # as given: a Secret's name is not stripped by the API
+        except ValueError as exc:
+            return f"{key} {exc}: not injected"
+    return None
+
+
 def wants_sidecar(metadata: Mapping[str, Any], config: InjectionConfig | None = None) -> Decision:
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
-    if str(annotations.get(ANNOTATION_INJECT, "")).lower() != "true":
-        return Decision(f'no {ANNOTATION_INJECT}: "true" annotation')
-    target = annotations.get(ANNOTATION_TARGET) or labels.get("app.kubernetes.io/name")
+    not_opted_in = opt_in_problem(metadata)
+    if not_opted_in is not None:
+        return Decision(not_opted_in)
+    problem = annotation_problem(annotations)
+    if problem is not None:
+        return Decision(problem)
+    target = annotations.get(ANNOTATION_TARGET) or labels.get(LABEL_NAME)
     if not target:
         return Decision(
-            f"{ANNOTATION_INJECT} is set but the pod has neither a {ANNOTATION_TARGET} "
-            "annotation nor an app.kubernetes.io/name label to name its target: not injected",
+            f"{LABEL_INJECT} is set but the pod has neither a {ANNOTATION_TARGET} "
+            f"annotation nor an {LABEL_NAME} label to name its target: not injected",
         )
     try:
         target = dns_label(str(target))
-    except ValueError as exc:
-        source = (
-            ANNOTATION_TARGET if annotations.get(ANNOTATION_TARGET) else "app.kubernetes.io/name"
-        )
-        return Decision(f"{source} {exc}: not injected")
-    if annotations.get(ANNOTATION_TARGET_URL):
-        try:
-            http_url(str(annotations[ANNOTATION_TARGET_URL]))
-        except ValueError as exc:
-            return Decision(f"{ANNOTATION_TARGET_URL} {exc}: not injected")
-    secret = annotations.get(ANNOTATION_DATABASE_SECRET)
-    if secret and not DNS_SUBDOMAIN.fullmatch(str(secret)):
-        return Decision(
-            f"{ANNOTATION_DATABASE_SECRET} must name a Secret (a DNS subdomain), got "
-            f"{quoted(str(secret))}: not injected"
-        )
+    except ValueError as exc:  # the label's (the annotation passed its check above)
+        return Decision(f"{LABEL_NAME} {exc}: not injected")
     signing = config.signing_secret if config is not None else None
     if ANNOTATION_SIGNING_SECRET in annotations:
-        try:
-            signing = parse_signing_secret(str(annotations[ANNOTATION_SIGNING_SECRET]))
-        except ValueError as exc:
-            return Decision(f"{ANNOTATION_SIGNING_SECRET} {exc}: not injected")
-    if ready_url(annotations):
-        try:
-            check_url(ready_url(annotations))
-        except ValueError as exc:
-            return Decision(f"{ANNOTATION_TARGET_READY_URL} {exc}: not injected")
+        signing = parse_signing_secret(annotation(annotations, ANNOTATION_SIGNING_SECRET))
     return Decision("opted in", target, signing)
 
 
-def ready_url(annotations: Mapping[str, Any]) -> str:
-    """The readiness check the pod asks for; blank means the sidecar's default."""
-    return str(annotations.get(ANNOTATION_TARGET_READY_URL) or "").strip()
+def annotation(annotations: Mapping[str, Any], key: str) -> str:
+    """The value the pod gives KEY, stripped; blank (or absent) means the default."""
+    return str(annotations.get(key) or "").strip()
 
 
 def refusal(metadata: Mapping[str, Any], config: InjectionConfig) -> str | None:
     """Why a pod that asks for the sidecar gets none (None: it gets one, or it did not ask).
 
     The webhook returns it as an admission warning and ``schedlock inject`` prints it. Any value
-    of the inject annotation but "false" counts as asking, so a typo ("yes") is reported.
+    of the inject label but "false" counts as asking, so a typo ("yes", "True") is reported;
+    so does the annotation of 0.1 on a pod without the label (the webhook never sees such a
+    pod, ``schedlock inject`` says what to change).
     """
-    asked = str((metadata.get("annotations") or {}).get(ANNOTATION_INJECT, "false"))
-    if asked.lower() in ("", "false"):
+    labels = metadata.get("labels") or {}
+    # The label decides when there is one; without it, the annotation of 0.1 is still heard.
+    said = labels.get(LABEL_INJECT, (metadata.get("annotations") or {}).get(ANNOTATION_INJECT))
+    if str(said or "false").lower() == "false":
         return None
     decision = wants_sidecar(metadata, config)
     return None if decision.inject else decision.reason
@@ -275,7 +340,8 @@ def restricted_security_context() -> dict[str, Any]:
 def sidecar_container(
     config: InjectionConfig, target: str, annotations: Mapping[str, Any]
 ) -> dict[str, Any]:
-    secret = annotations.get(ANNOTATION_DATABASE_SECRET) or config.database_secret
+    secret = annotation(annotations, ANNOTATION_DATABASE_SECRET) or config.database_secret
+    ready_url = annotation(annotations, ANNOTATION_TARGET_READY_URL)
 
     def probe(path: str, **timing: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": METRICS_PORT_NAME}, **timing}
@@ -298,7 +364,7 @@ def sidecar_container(
             {"name": "SCHEDLOCK_TARGET", "value": target},
             {
                 "name": "SCHEDLOCK_TARGET_URL",
-                "value": str(annotations.get(ANNOTATION_TARGET_URL) or DEFAULT_TARGET_URL),
+                "value": annotation(annotations, ANNOTATION_TARGET_URL) or DEFAULT_TARGET_URL,
             },
             {"name": "SCHEDLOCK_HTTP_PORT", "value": str(METRICS_PORT)},
             {"name": "SCHEDLOCK_LEASE_SECONDS", "value": f"{config.lease_seconds:g}"},
@@ -313,10 +379,8 @@ def sidecar_container(
         "resources": copy.deepcopy(config.resources),
         "securityContext": restricted_security_context(),
     }
-    if ready_url(annotations):
-        container["env"].append(
-            {"name": "SCHEDLOCK_TARGET_READY_URL", "value": ready_url(annotations)}
-        )
+    if ready_url:
+        container["env"].append({"name": "SCHEDLOCK_TARGET_READY_URL", "value": ready_url})
     return container
 
 

@@ -7,7 +7,10 @@ the grace at the latest.  A database that is
 down at start — or unreachable, refusing the credentials, lacking privileges, or migrated by a
 newer schedlock — is retried with backoff while /readyz says why: no crash loop, recovery
 without a restart.  Errors that make running unsafe (a transaction-mode pooler, a lock key
-collision) end the process with one line on stderr and exit status 1.
+collision) end the process with one line on stderr and exit status 1; a role that may not
+serve the configured namespace (``schedlock migrate --grant-sidecar ROLE --namespace NS``) ends
+it before it takes any lock, with one line naming the role, the namespace and the fix, and
+exit status 2 (a configuration error).
 
 The app's readiness check runs from the start, whatever the database does: an elector competes
 only while the app is reachable (``schedlock.sidecar.target``), and ``/readyz`` is 503 while it
@@ -28,7 +31,7 @@ from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, serve
 from schedlock.core.redact import Scrubber, printable, redact, secrets_of
-from schedlock.core.settings import add_command
+from schedlock.core.settings import EXIT_BAD_SETTING, add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.http import build_app
@@ -38,6 +41,7 @@ from schedlock.sidecar.settings import SidecarSettings
 from schedlock.sidecar.target import TargetWatch, Thresholds, derive_check
 from schedlock.store import (
     LockKey,
+    NamespaceNotServed,
     SchemaNotCurrent,
     Store,
     StoreError,
@@ -136,21 +140,19 @@ class Sidecar:
                 self.store,
                 migrate=self.settings.migrate == "auto",
                 component="sidecar",
+                namespace=self.settings.namespace,
                 stopping=self.stopping,
                 report=self._report_schema,
                 log=log,
-                fatal=UNSAFE,
+                fatal=(*UNSAFE, NamespaceNotServed),
             )
             if not usable:
                 return 0
             return await self._run_electors()
+        except NamespaceNotServed as exc:  # a configuration error: exit 2, before any lock
+            return _exiting("may not serve this namespace, exiting", exc, EXIT_BAD_SETTING)
         except FATAL as exc:
-            log.error(
-                "cannot run safely, exiting",
-                extra={"event": Event.SIDECAR_FATAL, "error": str(exc)},
-            )
-            print(f"schedlock sidecar: error: {exc}", file=sys.stderr)
-            return EXIT_FATAL
+            return _exiting("cannot run safely, exiting", exc, EXIT_FATAL)
         finally:
             checking.cancel()
             await asyncio.gather(checking, return_exceptions=True)
@@ -252,6 +254,13 @@ class Sidecar:
     def _leads(self) -> bool:
         # Followers and reserves stay out: contenders are bounded by the keys, not the replicas.
         return any(e.role is Role.LEADING for e in self.electors)
+
+
+def _exiting(message: str, exc: Exception, code: int) -> int:
+    """Log why the process ends and say it in one line on stderr; ``code`` to exit with."""
+    log.error(message, extra={"event": Event.SIDECAR_FATAL, "error": str(exc)})
+    print(f"schedlock sidecar: error: {exc}", file=sys.stderr)
+    return code
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -26,6 +26,7 @@ from schedlock.store.errors import (
     LockKeyCollision,
     MigrationRefused,
     MissingPrivileges,
+    NamespaceNotServed,
     ReadOnlyServer,
     SchemaChanged,
     SchemaError,
@@ -40,12 +41,14 @@ from schedlock.store.errors import (
 )
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
 from schedlock.store.models import (
+    EVERY_NAMESPACE,
     RECORDED_OUTCOMES,
     Channel,
     ClaimResult,
     Completion,
     DueSchedule,
     FireRow,
+    GrantReport,
     Heartbeat,
     KeyStatus,
     PublishRecord,
@@ -67,6 +70,7 @@ SCHEMA_RETRY_FIRST = 0.5  # seconds: waiting for a usable schema, doubling to SC
 SCHEMA_RETRY_CAP = 10.0
 
 __all__ = [
+    "EVERY_NAMESPACE",
     "RECORDED_OUTCOMES",
     "SCHEDLOCK_CLASS_ID",
     "STANDBY_CLASS_ID",
@@ -77,6 +81,7 @@ __all__ = [
     "ConnectionsExhausted",
     "DueSchedule",
     "FireRow",
+    "GrantReport",
     "Heartbeat",
     "HeldLock",
     "KeyStatus",
@@ -86,6 +91,7 @@ __all__ = [
     "LockSession",
     "MigrationRefused",
     "MissingPrivileges",
+    "NamespaceNotServed",
     "PublishRecord",
     "PublishSpec",
     "ReadOnlyServer",
@@ -116,13 +122,15 @@ __all__ = [
 ]
 
 
-async def ensure_schema(store: Store, *, migrate: bool, component: str | None = None) -> None:
+async def ensure_schema(
+    store: Store, *, migrate: bool, component: str | None = None, namespace: str | None = None
+) -> None:
     """Migrate when asked, then require a schema this binary runs on (its own, or a newer one
     whose every newer migration is additive) and, for a ``component`` (``sidecar`` or
-    ``operator``), every privilege it needs.
+    ``operator``), every privilege it needs, and that the role may serve ``namespace``.
 
     Raises SchemaTooNew, SchemaNotCurrent, MissingPrivileges (or StoreUnavailable): callers
-    retry and report.
+    retry and report; NamespaceNotServed, which no retry fixes.
     """
     if migrate:
         await store.migrate()
@@ -144,6 +152,14 @@ async def ensure_schema(store: Store, *, migrate: bool, component: str | None = 
                 f"`schedlock migrate --grant-{component} ROLE` (the log names the role and "
                 "the privileges)",
             )
+    if namespace is not None:
+        role, allowed = await store.may_serve(namespace)
+        if not allowed:
+            raise NamespaceNotServed(
+                f"role {role!r} may not serve namespace {namespace!r}: as the schema owner run "
+                f"`schedlock migrate --grant-{component or 'sidecar'} {role} --namespace "
+                f"{namespace}`"
+            )
 
 
 async def wait_for_schema(
@@ -151,6 +167,7 @@ async def wait_for_schema(
     *,
     migrate: bool,
     component: str,
+    namespace: str | None = None,
     stopping: asyncio.Event,
     report: Callable[[StoreError | None], None],
     log: logging.Logger,
@@ -167,7 +184,7 @@ async def wait_for_schema(
     while not stopping.is_set():
         delay = round(backoff.next(), 2)
         try:
-            await ensure_schema(store, migrate=migrate, component=component)
+            await ensure_schema(store, migrate=migrate, component=component, namespace=namespace)
         except fatal:
             raise
         # Each failure: the caller's readiness shows its summary (words), the log has both

@@ -86,6 +86,17 @@ class MissingPrivileges(StoreError):
     summary = "privileges missing: grant them with `schedlock migrate --grant-…` as the owner"
 
 
+class NamespaceNotServed(StoreError):
+    """The database role may not serve the namespace this sidecar is configured for (migration
+    0008's mapping): it would hold the key's lock without seeing its rows.  A configuration
+    error, fixed by the schema owner: the sidecar exits before it takes any lock."""
+
+    summary = (
+        "this database role may not serve the namespace: as the schema owner run "
+        "`schedlock migrate --grant-sidecar ROLE --namespace NS`"
+    )
+
+
 class UnsafeConnection(StoreError):
     """Session affinity is not guaranteed (a transaction-mode pooler): we would run unguarded."""
 

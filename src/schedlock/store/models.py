@@ -205,6 +205,20 @@ class ReserveRoster:
     reserves: int  # live reserves of the key, this one counted
 
 
+EVERY_NAMESPACE = "*"
+"""The namespace mapping's word for every namespace (migration 0008): a single-tenant role."""
+
+
+@dataclass(frozen=True)
+class GrantReport:
+    """What ``schedlock migrate --grant-…`` did (empty on SQLite, which has no roles)."""
+
+    serves: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Each role granted to, and every namespace it may serve now (``*``: every one)."""
+    revoked_public_create: str | None = None
+    """The schema from which CREATE was revoked from PUBLIC (None: PUBLIC could not create)."""
+
+
 @dataclass(frozen=True)
 class SchemaStatus:
     """Where the database's schema is against what this binary knows."""

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
 
@@ -44,7 +44,7 @@ from schedlock.store.errors import (
     is_exhausted,
 )
 from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
-from schedlock.store.models import ReserveRoster
+from schedlock.store.models import EVERY_NAMESPACE, GrantReport, ReserveRoster
 from schedlock.store.rows import Codec, Params, Row, from_row, stored_payload
 from schedlock.store.verbs import LockVerbs
 
@@ -102,7 +102,7 @@ SIDECAR_GRANTS = (
 )
 OPERATOR_GRANTS = (
     ("SELECT, INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_schedules")),
-    ("SELECT", ("TABLE schedlock_terms", "TABLE schedlock_migrations")),
+    ("SELECT", ("TABLE schedlock_terms", "TABLE schedlock_migrations", "TABLE schedlock_reserves")),
     ("USAGE", ("SEQUENCE schedlock_publishes_id_seq", "SEQUENCE schedlock_schedules_id_seq")),
     # The status sync's cursor (0006): read where it resumes, upsert it after each sweep.
     ("SELECT, INSERT, UPDATE", ("TABLE schedlock_sync_cursors",)),
@@ -296,6 +296,37 @@ def _undecodable_notifications(conn: Conn, handle: Callable[[bytes], None]) -> N
     conn.pgconn.notify_handler = handler
 
 
+async def _no_public_create(conn: Conn, report: GrantReport) -> GrantReport:
+    """Revoke CREATE on the schema from PUBLIC (PostgreSQL 14 and older grant it, and upgraded
+    databases keep it), then refuse if a granted role may still create there."""
+    cur = await conn.execute(Q["schema_create"], {"roles": list(report.serves)})
+    row = await cur.fetchone()
+    assert row is not None
+    schema = str(row["schema"])
+    revoked = None
+    if row["public_may_create"]:
+        await conn.execute(
+            sql.SQL("REVOKE CREATE ON SCHEMA {} FROM PUBLIC").format(sql.Identifier(schema))
+        )
+        cur = await conn.execute(Q["schema_create"], {"roles": list(report.serves)})
+        row = await cur.fetchone()
+        assert row is not None
+        if row["public_may_create"]:
+            raise StoreError(
+                f"PUBLIC may create objects in schema {schema!r} and this role cannot revoke it "
+                f"(not the schema's owner): as its owner run "
+                f"REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC, then grant again"
+            )
+        revoked = schema
+    if row["creators"]:
+        raise StoreError(
+            f"role(s) {', '.join(row['creators'])} may create objects in schema {schema!r} "
+            f"(granted to them or to a role they belong to): revoke it "
+            f"(REVOKE CREATE ON SCHEMA {schema} FROM …) so that a runtime role has no DDL"
+        )
+    return GrantReport(serves=report.serves, revoked_public_create=revoked)
+
+
 class PostgresLockSession(LockVerbs):
     """One dedicated connection: the advisory lock, its lease, heartbeat and row transitions
     (the row verbs are :class:`LockVerbs`', run on this connection).
@@ -353,8 +384,7 @@ class PostgresLockSession(LockVerbs):
                     "use them: not taking a slot kept for operators"
                 )
             await conn.execute(Q["register_key"], self.key.params())
-            owner = await self._one_on(conn, "key_of_lock_ids", self.key.params())
-            if LockKey(owner["scheduler"], owner["namespace"], owner["target"]) != self.key:
+            if (await self._one_on(conn, "lock_ids_taken", self.key.params()))["taken"]:
                 raise LockKeyCollision(
                     f"lock key {self.key} hashes to the same advisory lock ids as another key "
                     f"({self.key.classid}, {self.key.objid}); rename the target"
@@ -786,16 +816,28 @@ class PostgresConnector:
                 if not released[0]["released"]:
                     raise UnlockFailed("the migration lock was not held when releasing it")
 
-    async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
-        """Grant the least privileges each runtime role needs (run as the schema owner).
+    async def grant(
+        self,
+        *,
+        sidecar_role: str | None,
+        operator_role: str | None,
+        namespaces: Sequence[str] = (),
+        only: bool = False,
+    ) -> GrantReport:
+        """Grant the least privileges each runtime role needs (run as the schema owner) and
+        record the namespaces it may serve (migration 0008's mapping, which row-level security
+        enforces): ``namespaces`` added to the role's, or with ``only`` in place of all of them;
+        none: every namespace (``*``, single-tenant).
 
         Neither role gets DDL: sidecars read and move rows, take locks and record terms; the
-        operator writes rows, schedules and its sync cursor, and reads terms.  Returns the
-        roles granted to.
+        operator writes rows, schedules and its sync cursor, and reads terms.  CREATE on the
+        schema is revoked from PUBLIC (else every role could create tables and functions
+        beside ours); a role that could still create there is refused, naming how.
         """
+        scope = tuple(namespaces) or (EVERY_NAMESPACE,)
 
-        async def run(conn: Conn) -> list[str]:
-            done: list[str] = []
+        async def run(conn: Conn) -> GrantReport:
+            report = GrantReport()
             for role, grants in (
                 (sidecar_role, SIDECAR_GRANTS + PRUNE_GRANTS),
                 (operator_role, OPERATOR_GRANTS + PRUNE_GRANTS),
@@ -816,8 +858,25 @@ class PostgresConnector:
                                     sql.SQL(privileges), sql.SQL(obj), sql.Identifier(role)
                                 )
                             )
-                done.append(role)
-            return done
+                    params = {"role": role, "namespaces": list(scope), "only": only}
+                    cur = await conn.execute(Q["record_namespaces"], params)
+                    served = await cur.fetchone()
+                    assert served is not None
+                    report.serves[role] = tuple(served["namespaces"])
+            if report.serves:
+                report = await _no_public_create(conn, report)
+            return report
+
+        return await _guard(self._direct(run))
+
+    async def may_serve(self, namespace: str) -> tuple[str, bool]:
+        """The connected role and whether it may serve ``namespace`` (migration 0008)."""
+
+        async def run(conn: Conn) -> tuple[str, bool]:
+            cur = await conn.execute(Q["may_serve"], {"namespace": namespace})
+            row = await cur.fetchone()
+            assert row is not None
+            return str(row["role"]), bool(row["may_serve"])
 
         return await _guard(self._direct(run))
 

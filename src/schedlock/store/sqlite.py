@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -24,7 +24,7 @@ from schedlock.store import queries
 from schedlock.store.errors import StoreError, StoreUnavailable
 from schedlock.store.keys import LockKey
 from schedlock.store.migrations import split_statements
-from schedlock.store.models import ReserveRoster
+from schedlock.store.models import GrantReport, ReserveRoster
 from schedlock.store.rows import Codec, Params, Row, iso, stored_payload, text_timestamp
 from schedlock.store.verbs import LockVerbs
 
@@ -254,8 +254,18 @@ class SqliteConnector:
         loops' too, and they run between the pass's batches."""
         yield self.db.session
 
-    async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
-        return []  # SQLite has no roles: nobody to grant to
+    async def grant(
+        self,
+        *,
+        sidecar_role: str | None,
+        operator_role: str | None,
+        namespaces: Sequence[str] = (),
+        only: bool = False,
+    ) -> GrantReport:
+        return GrantReport()  # SQLite has no roles: nobody to grant to
+
+    async def may_serve(self, namespace: str) -> tuple[str, bool]:
+        return "", True  # one process owns the file: it serves what it is configured for
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         return "", []  # SQLite has no roles: the file's permissions are the only guard

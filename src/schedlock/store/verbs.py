@@ -289,8 +289,23 @@ class SqlStore:
             blocking = await self._blocking(session, latest) if current > latest else None
         return models.SchemaStatus(current=current, latest=latest, blocking=blocking)
 
-    async def grant(self, *, sidecar_role: str | None, operator_role: str | None) -> list[str]:
-        return await self.connector.grant(sidecar_role=sidecar_role, operator_role=operator_role)
+    async def grant(
+        self,
+        *,
+        sidecar_role: str | None,
+        operator_role: str | None,
+        namespaces: Sequence[str] = (),
+        only: bool = False,
+    ) -> models.GrantReport:
+        return await self.connector.grant(
+            sidecar_role=sidecar_role,
+            operator_role=operator_role,
+            namespaces=namespaces,
+            only=only,
+        )
+
+    async def may_serve(self, namespace: str) -> tuple[str, bool]:
+        return await self.connector.may_serve(namespace)
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         return await self.connector.missing_privileges(component)

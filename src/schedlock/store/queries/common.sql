@@ -244,12 +244,6 @@ ORDER BY t.namespace, t.target, t.scheduler;
 -- session, that never prepares statements: each batch is planned with its state, so the
 -- planner picks that state's partial index (0005).
 
--- name: claim_maintenance
--- Take or renew the lease of a maintenance task (database clock); no row: another holds it.
-UPDATE schedlock_maintenance SET holder = :holder, lease_until = :lease_until
-WHERE task = :task AND (lease_until IS NULL OR lease_until <= now() OR holder = :holder)
-RETURNING holder, lease_until;
-
 -- name: maintenance_lease
 SELECT holder, lease_until FROM schedlock_maintenance WHERE task = :task;
 

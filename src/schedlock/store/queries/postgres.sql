@@ -8,10 +8,15 @@ INSERT INTO schedlock_terms (scheduler, namespace, target, lock_classid, lock_ob
 VALUES (%(scheduler)s, %(namespace)s, %(target)s, %(classid)s, %(objid)s)
 ON CONFLICT DO NOTHING;
 
--- name: key_of_lock_ids
--- The key registered under these lock ids (after register_key: another key is a collision).
-SELECT scheduler, namespace, target FROM schedlock_terms
-WHERE lock_classid = %(classid)s AND lock_objid = %(objid)s;
+-- name: lock_ids_taken
+-- Whether another key holds this key's lock ids (after register_key: a collision).  Asked of
+-- the database (migration 0008) because row-level security hides the terms of the namespaces
+-- this role may not serve: the answer is yes or no, never the other key's row.
+SELECT schedlock_lock_ids_taken(%(scheduler)s, %(namespace)s, %(target)s) AS taken;
+
+-- name: may_serve
+-- Whether the connected role may serve a namespace ('*': every one), asked before any lock.
+SELECT current_user AS role, schedlock_may_serve(%(namespace)s) AS may_serve;
 
 -- name: lock
 -- Wait until the lock is granted, without holding a snapshot for long.  A statement holds one
@@ -281,6 +286,35 @@ FROM schedlock_publishes WHERE id = ANY(%(ids)s::bigint[]);
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS exists;
 
+-- name: record_namespaces
+-- `migrate --grant-… [--namespace NS …] [--only]` (migration 0008's mapping, as the owner): add
+-- the namespaces to the role's, or with `only` make them all of it; answers every namespace the
+-- role may serve then (the statement's CTEs see the table as it was: the answer is computed).
+WITH dropped AS (
+    DELETE FROM schedlock_namespace_roles
+    WHERE role = %(role)s AND %(only)s AND namespace <> ALL (%(namespaces)s::text[])
+), added AS (
+    INSERT INTO schedlock_namespace_roles (role, namespace)
+    SELECT %(role)s, n FROM unnest(%(namespaces)s::text[]) AS n
+    ON CONFLICT DO NOTHING
+)
+SELECT ARRAY(
+    SELECT namespace FROM schedlock_namespace_roles
+    WHERE role = %(role)s AND NOT (%(only)s AND namespace <> ALL (%(namespaces)s::text[]))
+    UNION
+    SELECT unnest(%(namespaces)s::text[])
+    ORDER BY 1) AS namespaces;
+
+-- name: schema_create
+-- Who may create objects in the schema the tables are in: PUBLIC (by an ACL entry: PostgreSQL
+-- 14 and older grant it on `public`), and which of the granted roles, by any path.
+SELECT current_schema() AS schema,
+       EXISTS (SELECT 1 FROM pg_namespace n, aclexplode(n.nspacl) AS a
+               WHERE n.nspname = current_schema() AND a.grantee = 0
+                 AND a.privilege_type = 'CREATE') AS public_may_create,
+       ARRAY(SELECT r FROM unnest(%(roles)s::text[]) AS r
+             WHERE has_schema_privilege(r, current_schema(), 'CREATE') ORDER BY r) AS creators;
+
 -- name: server_writable
 -- Every session checks where it landed: a hot standby grants advisory locks too, so a session
 -- there must neither lead nor write.
@@ -329,6 +363,16 @@ SELECT set_config('statement_timeout', %(statement_timeout_ms)s, false) AS state
 -- The session may be the operator's pooled one: give it back with the settings it had.
 SELECT set_config(name, reset_val, false) AS reset FROM pg_settings
 WHERE name IN ('statement_timeout', 'lock_timeout');
+
+-- name: claim_maintenance
+-- Take or renew the lease of a maintenance task (database clock); no row: another holds it.
+-- Only a role that may serve every namespace (migration 0008) takes it: a pass of a role scoped
+-- to some namespaces would prune only theirs (row-level security) while it held the lease.
+UPDATE schedlock_maintenance SET holder = %(holder)s, lease_until = %(lease_until)s
+WHERE task = %(task)s
+  AND (lease_until IS NULL OR lease_until <= now() OR holder = %(holder)s)
+  AND schedlock_may_serve('*')
+RETURNING holder, lease_until;
 
 -- name: prune_publishes
 -- Oldest first, one range of the state's own index (0005; planned with the state: the pass's

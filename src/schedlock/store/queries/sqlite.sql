@@ -145,6 +145,12 @@ SELECT 1 AS ok;
 -- name: maintenance_end
 SELECT 1 AS ok;
 
+-- name: claim_maintenance
+-- Take or renew the lease of a maintenance task (database clock); no row: another holds it.
+UPDATE schedlock_maintenance SET holder = :holder, lease_until = :lease_until
+WHERE task = :task AND (lease_until IS NULL OR lease_until <= now() OR holder = :holder)
+RETURNING holder, lease_until;
+
 -- name: prune_publishes
 DELETE FROM schedlock_publishes
 WHERE id IN (SELECT id FROM schedlock_publishes

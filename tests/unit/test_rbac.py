@@ -1,0 +1,53 @@
+"""The operator's RBAC objects (pure): cluster-wide, or a Role and RoleBinding per namespace."""
+
+from __future__ import annotations
+
+from schedlock.operator.rbac import operator_rbac, operator_rules
+
+
+def test_cluster_wide_without_watched_namespaces() -> None:
+    role, binding = operator_rbac("op", "schedlock-system", "op-sa")
+    assert role["kind"] == "ClusterRole" and "namespace" not in role["metadata"]
+    assert role["rules"] == operator_rules()
+    assert binding["kind"] == "ClusterRoleBinding"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "op",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "op-sa", "namespace": "schedlock-system"}
+    ]
+
+
+def test_a_role_and_binding_in_each_watched_namespace_and_nothing_cluster_wide() -> None:
+    objects = operator_rbac("op", "schedlock-system", "op-sa", ["apps", "billing"], {"a": "b"})
+    assert [(o["kind"], o["metadata"]["namespace"]) for o in objects] == [
+        ("Role", "apps"),
+        ("RoleBinding", "apps"),
+        ("Role", "billing"),
+        ("RoleBinding", "billing"),
+    ]
+    for obj in objects:
+        assert obj["metadata"]["name"] == "op" and obj["metadata"]["labels"] == {"a": "b"}
+    for role in objects[::2]:
+        assert role["rules"] == operator_rules()
+    for binding in objects[1::2]:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "op",
+        }
+        # The ServiceAccount stays in the operator's namespace.
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "op-sa", "namespace": "schedlock-system"}
+        ]
+
+
+def test_every_rule_is_on_a_namespaced_resource() -> None:
+    """What makes a Role enough: nothing in the rules needs a cluster-scoped grant."""
+    resources = {r for rule in operator_rules() for r in rule["resources"]}
+    assert resources == {"scheduledpublishes", "scheduledpublishes/status", "events"}
+    verbs = {v for rule in operator_rules() for v in rule["verbs"]}
+    assert "delete" not in verbs  # create is on events only
+    assert all("create" not in r["verbs"] for r in operator_rules() if r["resources"] != ["events"])
