@@ -51,7 +51,7 @@ def checking_server() -> Iterator[PostgresServer]:
             conn.execute("SELECT pg_reload_conf()")
         yield server
     finally:
-        server.stop()
+        server.destroy()  # its data under /var/tmp and its directory too
 
 
 def refused_forms() -> list[tuple[str, str]]:
