@@ -63,6 +63,7 @@ class Sidecar:
         self.stopping = asyncio.Event()
         self.electors: list[KeyElector] = []
         self.tasks: Supervisor | None = None  # the electors' group, once it runs
+        self.checks: Supervisor | None = None  # the app check's group
         self.schema_ok = False
         self.not_ready_reason = "starting"
         self.http_port: int | None = None
@@ -84,15 +85,17 @@ class Sidecar:
         copies it into Events); the detail, which may quote the database, is in the log."""
         if not self.schema_ok:
             return False, f"database not ready: {self.not_ready_reason}"
+        tasks_down = "; ".join(
+            filter(None, (group.health() for group in (self.checks, self.tasks) if group))
+        )
+        if tasks_down:
+            return False, f"background task down: {tasks_down}"
         if not self.app.up:
             return False, (
                 f"target unreachable ({redact(self.app.check.url)}): "
                 f"{printable(self.target_scrubber(self.app.reason), 300)}; "
                 "not competing for leadership, its rows wait"
             )
-        tasks_down = self.tasks.health() if self.tasks is not None else None
-        if tasks_down is not None:
-            return False, f"background task down: {tasks_down}"
         down = [e for e in self.electors if not e.settled]
         if down:
             why = "; ".join(f"{e.key}: {e.last_summary or 'connecting'}" for e in down)
@@ -134,28 +137,33 @@ class Sidecar:
                 "target_check": redact(self.app.check.url),
             },
         )
-        checking = asyncio.create_task(self._check_app(), name="target-check")
+        # The app check runs from the start (the electors wait on it) under its own group: a
+        # check that dies of a bug is restarted with back-off and /readyz says so meanwhile.
         try:
-            usable = await wait_for_schema(
-                self.store,
-                migrate=self.settings.migrate == "auto",
-                component="sidecar",
-                namespace=self.settings.namespace,
-                stopping=self.stopping,
-                report=self._report_schema,
-                log=log,
-                fatal=(*UNSAFE, NamespaceNotServed),
-            )
-            if not usable:
-                return 0
-            return await self._run_electors()
-        except NamespaceNotServed as exc:  # a configuration error: exit 2, before any lock
-            return _exiting("may not serve this namespace, exiting", exc, EXIT_BAD_SETTING)
-        except FATAL as exc:
-            return _exiting("cannot run safely, exiting", exc, EXIT_FATAL)
+            async with Supervisor("checks", stopping=self.stopping, logger=log) as checks:
+                self.checks = checks
+                checking = checks.supervise("target-check", self._check_app, restart_backoff())
+                try:
+                    usable = await wait_for_schema(
+                        self.store,
+                        migrate=self.settings.migrate == "auto",
+                        component="sidecar",
+                        namespace=self.settings.namespace,
+                        stopping=self.stopping,
+                        report=self._report_schema,
+                        log=log,
+                        fatal=(*UNSAFE, NamespaceNotServed),
+                    )
+                    if not usable:
+                        return 0
+                    return await self._run_electors()
+                except NamespaceNotServed as exc:  # a configuration error: exit 2, before any lock
+                    return _exiting("may not serve this namespace, exiting", exc, EXIT_BAD_SETTING)
+                except FATAL as exc:
+                    return _exiting("cannot run safely, exiting", exc, EXIT_FATAL)
+                finally:
+                    checking.cancel()
         finally:
-            checking.cancel()
-            await asyncio.gather(checking, return_exceptions=True)
             await runner.cleanup()
             await self.store.close()
 
