@@ -2,7 +2,8 @@
 
 A schema newer than the binary, a role missing privileges, a database that is not there yet:
 the operator keeps serving /healthz (no crash loop, no restart), /readyz answers 503 with the
-reason, and once the problem is fixed it starts its watches and does its job.
+reason, and once the problem is fixed it starts its watches and does its job.  The one
+configuration no wait fixes — a role that may not serve the namespaces it watches — exits 2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from schedlock.core.logs import Event, records
 from schedlock.store import open_store
@@ -88,15 +90,17 @@ def test_schema_newer_than_the_operator_is_refused_until_fixed(
     assert operator.process is not None and operator.process.returncode == 0
 
 
+@pytest.fixture
+def role(postgres: PostgresService) -> str:
+    """A login role of its own with no privilege yet (the test grants what it needs)."""
+    name = f"op_{uuid.uuid4().hex[:8]}"
+    postgres.execute(f'CREATE ROLE "{name}" LOGIN')
+    return name
+
+
 def test_missing_privileges_are_named_until_granted(
-    tmp_path: Path,
-    kube: KubeAPIServer,
-    postgres: PostgresService,
-    migrated_database: str,
-    kube_namespace: str,
+    tmp_path: Path, kube: KubeAPIServer, role: str, migrated_database: str, kube_namespace: str
 ) -> None:
-    role = f"op_{uuid.uuid4().hex[:8]}"
-    postgres.execute(f'CREATE ROLE "{role}" LOGIN')
     with psycopg.connect(migrated_database, autocommit=True) as conn:
         # enough to read the schema version, not enough to write a row
         conn.execute(f'GRANT SELECT ON schedlock_migrations, schedlock_publishes TO "{role}"')
@@ -117,6 +121,48 @@ def test_missing_privileges_are_named_until_granted(
         works_after_recovery(operator, kube, migrated_database, kube_namespace)
     finally:
         operator.stop()
+
+
+def test_a_role_that_may_not_serve_what_it_watches_exits_2(
+    tmp_path: Path, kube: KubeAPIServer, role: str, migrated_database: str, kube_namespace: str
+) -> None:
+    """Row-level security (migration 0008) would refuse every row of a namespace the role may
+    not serve: no retry fixes that, so the operator exits 2 with one line before kopf runs,
+    naming the role and the grant; scoped to what the role serves (watchNamespaces), it runs."""
+    grant = open_store(migrated_database).grant(
+        sidecar_role=None, operator_role=role, namespaces=[kube_namespace]
+    )
+    asyncio.run(grant)
+    install_crd(kube)
+    url = as_role(migrated_database, role)
+    cluster_wide = OperatorProcess(
+        tmp_path / "cluster-wide",
+        url,
+        operator_kubeconfig(kube),
+        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+    )
+    cluster_wide.spawn()
+    assert cluster_wide.process is not None
+    assert cluster_wide.process.wait(60) == 2, cluster_wide.log_text()
+    said = (
+        f"role '{role}' may not serve every namespace: as the schema owner run "
+        f"`schedlock migrate --grant-operator {role}`, or watch only the namespaces it serves "
+        "(watchNamespaces)"
+    )
+    log = cluster_wide.log_text()
+    assert f"schedlock operator: error: {said}\n" in log, log
+    assert [r["error"] for r in records(log, Event.OPERATOR_FATAL)] == [said]
+    assert "Traceback" not in log and not records(log, Event.OPERATOR_STARTED), log
+    scoped = OperatorProcess(
+        tmp_path / "scoped",
+        url,
+        operator_kubeconfig(kube),
+        extra_env={"SCHEDLOCK_MIGRATE": "off", "SCHEDLOCK_WATCH_NAMESPACES": kube_namespace},
+    ).start()
+    try:
+        works_after_recovery(scoped, kube, migrated_database, kube_namespace)
+    finally:
+        scoped.stop()
 
 
 def test_sigterm_while_waiting_for_the_database_exits_cleanly(

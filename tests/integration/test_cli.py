@@ -185,8 +185,9 @@ def test_status_runs_under_the_role_migrate_grants_the_operator(
 ) -> None:
     """`schedlock status` as the operator's role, the one an operator's Secret holds: the role
     `migrate --grant-operator` made, and a role with only the operator's required grants (what
-    the operator checks at start; pruning's are optional) — it reads every key, its lock
-    holder and its reserves (schedlock_reserves)."""
+    the operator checks at start; pruning's are optional) and the namespace mapping (0008) —
+    it reads every key, its lock holder and its reserves (schedlock_reserves).  Before the
+    mapping, row-level security hides every key, and status says so and how to fix it."""
     url = postgres.create_database()
     granted_role, required_role = (f"op_{kind}_{uuid.uuid4().hex[:8]}" for kind in "gr")
     for role in (granted_role, required_role):
@@ -204,6 +205,20 @@ def test_status_runs_under_the_role_migrate_grants_the_operator(
         assert asyncio.run(required.missing_privileges("operator")) == (required_role, [])
         sidecar.start()  # a key, its term and its lock, so that status has a row to show
         wait_for(sidecar.leads, timeout=60, what="the sidecar to lead")
+        unmapped = run(
+            "status", "--json", env={"SCHEDLOCK_DATABASE_URL": as_role(url, required_role)}
+        )
+        assert unmapped.returncode == 0 and json.loads(unmapped.stdout) == [], unmapped.stderr
+        assert unmapped.stderr.strip() == (
+            f"role {required_role} may serve no namespace: row-level security hides every key; "
+            f"as the schema owner run `schedlock migrate --grant-operator {required_role}` "
+            "(every namespace) to see them all"
+        )
+        # what `migrate --grant-operator` records besides its grants, written by hand
+        postgres.execute(
+            f"INSERT INTO schedlock_namespace_roles (role, namespace) VALUES ('{required_role}', '*')",
+            url=url,
+        )
         for role in (granted_role, required_role):
             as_operator = {"SCHEDLOCK_DATABASE_URL": as_role(url, role)}
             status = run("status", "--json", env=as_operator)
@@ -214,6 +229,7 @@ def test_status_runs_under_the_role_migrate_grants_the_operator(
             assert all(k["reserves"] == [] for k in keys), keys
             table = run("status", env=as_operator)
             assert table.returncode == 0 and "demo" in table.stdout, (role, table.stderr)
+            assert table.stderr == "", table.stderr  # every namespace: nothing hidden
     finally:
         sidecar.stop()
         postgres.drop_database(url)

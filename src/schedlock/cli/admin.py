@@ -51,6 +51,7 @@ from schedlock.store import (
     ScheduleSpec,
     SchemaStatus,
     SchemaTooNew,
+    ServedNamespaces,
     Store,
     StoreError,
     open_store,
@@ -384,8 +385,30 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def hidden_keys_note(served: ServedNamespaces) -> str:
+    """What ``schedlock status`` says on stderr when row-level security hides keys from the
+    connected role (a role scoped to some namespaces, or never granted any)."""
+    fix = (
+        f"as the schema owner run `schedlock migrate --grant-operator {served.role}` "
+        "(every namespace) to see them all"
+    )
+    if not served.namespaces:
+        return (
+            f"role {served.role} may serve no namespace: row-level security hides every key; {fix}"
+        )
+    return (
+        f"role {served.role} may serve namespace{'s' if len(served.namespaces) > 1 else ''} "
+        f"{', '.join(served.namespaces)} only: keys of other namespaces are not shown; {fix}"
+    )
+
+
 def cmd_status(db: DatabaseSettings, args: argparse.Namespace) -> int:
-    keys = _with_store("status", db, lambda store: store.key_status(), "cannot read the status")
+    async def read(store: Store) -> tuple[list[KeyStatus], ServedNamespaces]:
+        return await store.key_status(), await store.served_namespaces()
+
+    keys, served = _with_store("status", db, read, "cannot read the status")
+    if not served.every:
+        print(hidden_keys_note(served), file=sys.stderr)
     rows = status_rows(keys)
     if args.json:
         print(json.dumps(rows, indent=2))

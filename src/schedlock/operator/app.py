@@ -22,12 +22,21 @@ from kopf._core.engines import peering
 from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, health_app, serve
+from schedlock.core.settings import EXIT_BAD_SETTING
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
-from schedlock.store import ReadOnlyServer, Store, StoreError, open_store, wait_for_schema
+from schedlock.store import (
+    EVERY_NAMESPACE,
+    NamespaceNotServed,
+    ReadOnlyServer,
+    Store,
+    StoreError,
+    open_store,
+    wait_for_schema,
+)
 from schedlock.store.retention import Pruner, RetentionPolicy
 
 log = logging.getLogger("schedlock.operator")
@@ -114,14 +123,26 @@ async def run(settings: OperatorSettings) -> int:
         with signals_stop(stopping):
             # Database down, not migrated, newer than this binary, missing privileges: stay up
             # and not ready with the reason, start kopf once it is usable (no crash loop).
-            usable = await wait_for_schema(
-                store,
-                migrate=settings.migrate == "auto",
-                component="operator",
-                stopping=stopping,
-                report=readiness.report_schema,
-                log=log,
-            )
+            # A role that may not serve what it watches would have every write refused by
+            # row-level security (migration 0008): a configuration error, exit 2.
+            try:
+                usable = await wait_for_schema(
+                    store,
+                    migrate=settings.migrate == "auto",
+                    component="operator",
+                    namespaces=settings.watch_namespaces or (EVERY_NAMESPACE,),
+                    stopping=stopping,
+                    report=readiness.report_schema,
+                    log=log,
+                    fatal=(NamespaceNotServed,),
+                )
+            except NamespaceNotServed as exc:  # no retry fixes it: exit 2 before kopf runs
+                log.error(
+                    "may not serve what it watches, exiting",
+                    extra={"event": Event.OPERATOR_FATAL, "error": str(exc)},
+                )
+                print(f"schedlock operator: error: {exc}", file=sys.stderr)
+                return EXIT_BAD_SETTING
             if not usable:
                 log.info(
                     "operator stopped before the database was ready",

@@ -148,7 +148,7 @@ class Sidecar:
                         self.store,
                         migrate=self.settings.migrate == "auto",
                         component="sidecar",
-                        namespace=self.settings.namespace,
+                        namespaces=(self.settings.namespace,),
                         stopping=self.stopping,
                         report=self._report_schema,
                         log=log,

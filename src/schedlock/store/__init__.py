@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from schedlock.core.aio import Backoff, sleep_unless
 from schedlock.core.logs import Event
@@ -60,6 +60,7 @@ from schedlock.store.models import (
     ScheduleRecord,
     ScheduleSpec,
     SchemaStatus,
+    ServedNamespaces,
     SweepPosition,
     SyncCursor,
     TermStart,
@@ -106,6 +107,7 @@ __all__ = [
     "SchemaNotCurrent",
     "SchemaStatus",
     "SchemaTooNew",
+    "ServedNamespaces",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -123,11 +125,16 @@ __all__ = [
 
 
 async def ensure_schema(
-    store: Store, *, migrate: bool, component: str | None = None, namespace: str | None = None
+    store: Store,
+    *,
+    migrate: bool,
+    component: str | None = None,
+    namespaces: Sequence[str] = (),
 ) -> None:
     """Migrate when asked, then require a schema this binary runs on (its own, or a newer one
     whose every newer migration is additive) and, for a ``component`` (``sidecar`` or
-    ``operator``), every privilege it needs, and that the role may serve ``namespace``.
+    ``operator``), every privilege it needs, and that the role may serve each of
+    ``namespaces`` (``*``: every namespace, an operator watching the whole cluster).
 
     Raises SchemaTooNew, SchemaNotCurrent, MissingPrivileges (or StoreUnavailable): callers
     retry and report; NamespaceNotServed, which no retry fixes.
@@ -152,14 +159,23 @@ async def ensure_schema(
                 f"`schedlock migrate --grant-{component} ROLE` (the log names the role and "
                 "the privileges)",
             )
-    if namespace is not None:
-        role, allowed = await store.may_serve(namespace)
-        if not allowed:
-            raise NamespaceNotServed(
-                f"role {role!r} may not serve namespace {namespace!r}: as the schema owner run "
-                f"`schedlock migrate --grant-{component or 'sidecar'} {role} --namespace "
-                f"{namespace}`"
-            )
+    if not namespaces:
+        return
+    served = await store.served_namespaces()
+    unserved = [namespace for namespace in namespaces if not served.covers(namespace)]
+    if not unserved:
+        return
+    grant = f"schedlock migrate --grant-{component or 'sidecar'} {served.role}"
+    if unserved[0] == EVERY_NAMESPACE:
+        raise NamespaceNotServed(
+            f"role {served.role!r} may not serve every namespace: as the schema owner run "
+            f"`{grant}`, or watch only the namespaces it serves (watchNamespaces)"
+        )
+    raise NamespaceNotServed(
+        f"role {served.role!r} may not serve namespace{'s' if len(unserved) > 1 else ''} "
+        f"{', '.join(map(repr, unserved))}: as the schema owner run "
+        f"`{grant} {' '.join(f'--namespace {ns}' for ns in unserved)}`"
+    )
 
 
 async def wait_for_schema(
@@ -167,7 +183,7 @@ async def wait_for_schema(
     *,
     migrate: bool,
     component: str,
-    namespace: str | None = None,
+    namespaces: Sequence[str] = (),
     stopping: asyncio.Event,
     report: Callable[[StoreError | None], None],
     log: logging.Logger,
@@ -184,7 +200,7 @@ async def wait_for_schema(
     while not stopping.is_set():
         delay = round(backoff.next(), 2)
         try:
-            await ensure_schema(store, migrate=migrate, component=component, namespace=namespace)
+            await ensure_schema(store, migrate=migrate, component=component, namespaces=namespaces)
         except fatal:
             raise
         # Each failure: the caller's readiness shows its summary (words), the log has both

@@ -210,6 +210,23 @@ EVERY_NAMESPACE = "*"
 
 
 @dataclass(frozen=True)
+class ServedNamespaces:
+    """The connected role and the namespaces it may serve (migration 0008's mapping, which
+    row-level security enforces): ``*`` every one, none at all when it was never granted."""
+
+    role: str
+    namespaces: tuple[str, ...]
+
+    @property
+    def every(self) -> bool:
+        return EVERY_NAMESPACE in self.namespaces
+
+    def covers(self, namespace: str) -> bool:
+        """Whether the role may serve ``namespace`` (``*``: whether it serves every one)."""
+        return self.every or namespace in self.namespaces
+
+
+@dataclass(frozen=True)
 class GrantReport:
     """What ``schedlock migrate --grant-…`` did (empty on SQLite, which has no roles)."""
 

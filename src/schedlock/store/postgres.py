@@ -44,7 +44,12 @@ from schedlock.store.errors import (
     is_exhausted,
 )
 from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
-from schedlock.store.models import EVERY_NAMESPACE, GrantReport, ReserveRoster
+from schedlock.store.models import (
+    EVERY_NAMESPACE,
+    GrantReport,
+    ReserveRoster,
+    ServedNamespaces,
+)
 from schedlock.store.rows import Codec, Params, Row, from_row, stored_payload
 from schedlock.store.verbs import LockVerbs
 
@@ -869,14 +874,14 @@ class PostgresConnector:
 
         return await _guard(self._direct(run))
 
-    async def may_serve(self, namespace: str) -> tuple[str, bool]:
-        """The connected role and whether it may serve ``namespace`` (migration 0008)."""
+    async def served_namespaces(self) -> ServedNamespaces:
+        """The connected role and the namespaces it may serve (migration 0008)."""
 
-        async def run(conn: Conn) -> tuple[str, bool]:
-            cur = await conn.execute(Q["may_serve"], {"namespace": namespace})
+        async def run(conn: Conn) -> ServedNamespaces:
+            cur = await conn.execute(Q["served_namespaces"], {})
             row = await cur.fetchone()
             assert row is not None
-            return str(row["role"]), bool(row["may_serve"])
+            return ServedNamespaces(str(row["role"]), tuple(row["namespaces"] or ()))
 
         return await _guard(self._direct(run))
 

@@ -24,7 +24,7 @@ from schedlock.store import queries
 from schedlock.store.errors import StoreError, StoreUnavailable
 from schedlock.store.keys import LockKey
 from schedlock.store.migrations import split_statements
-from schedlock.store.models import GrantReport, ReserveRoster
+from schedlock.store.models import EVERY_NAMESPACE, GrantReport, ReserveRoster, ServedNamespaces
 from schedlock.store.rows import Codec, Params, Row, iso, stored_payload, text_timestamp
 from schedlock.store.verbs import LockVerbs
 
@@ -264,8 +264,9 @@ class SqliteConnector:
     ) -> GrantReport:
         return GrantReport()  # SQLite has no roles: nobody to grant to
 
-    async def may_serve(self, namespace: str) -> tuple[str, bool]:
-        return "", True  # one process owns the file: it serves what it is configured for
+    async def served_namespaces(self) -> ServedNamespaces:
+        # one process owns the file: it serves what it is configured for
+        return ServedNamespaces("", (EVERY_NAMESPACE,))
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         return "", []  # SQLite has no roles: the file's permissions are the only guard

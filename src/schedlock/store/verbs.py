@@ -304,8 +304,8 @@ class SqlStore:
             only=only,
         )
 
-    async def may_serve(self, namespace: str) -> tuple[str, bool]:
-        return await self.connector.may_serve(namespace)
+    async def served_namespaces(self) -> models.ServedNamespaces:
+        return await self.connector.served_namespaces()
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         return await self.connector.missing_privileges(component)

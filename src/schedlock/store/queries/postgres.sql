@@ -14,9 +14,10 @@ ON CONFLICT DO NOTHING;
 -- this role may not serve: the answer is yes or no, never the other key's row.
 SELECT schedlock_lock_ids_taken(%(scheduler)s, %(namespace)s, %(target)s) AS taken;
 
--- name: may_serve
--- Whether the connected role may serve a namespace ('*': every one), asked before any lock.
-SELECT current_user AS role, schedlock_may_serve(%(namespace)s) AS may_serve;
+-- name: served_namespaces
+-- The connected role and the namespaces it may serve ('{*}': every one; '{}': none), asked
+-- before any lock and by `schedlock status` (row-level security hides the others' keys).
+SELECT current_user AS role, schedlock_served_namespaces(current_user) AS namespaces;
 
 -- name: lock
 -- Wait until the lock is granted, without holding a snapshot for long.  A statement holds one
