@@ -82,6 +82,10 @@ class Profile:
     history_cap_s: float = 300.0  # longest wait for `schedlock status`, key_status, the sweep
     history_backlog_rows: int = 2_000_000  # expired rows the pruner clears
     history_prune_cap_s: float = 900.0  # longest wait for the backlog to clear (target 600 s)
+    tenancy_trials: int = 3  # turns of the three modes (owner, every namespace, one namespace)
+    tenancy_lateness_rows: int = 1000  # per trial and mode, due evenly over the span
+    tenancy_lateness_span_s: float = 10.0
+    tenancy_throughput_rows: int = 5000  # per trial and mode, due at once
 
 
 FULL = Profile(
@@ -129,6 +133,7 @@ QUICK = Profile(
     history_cap_s=120.0,
     history_backlog_rows=200_000,
     history_prune_cap_s=300.0,
+    tenancy_trials=1,
 )
 
 SMOKE = Profile(
@@ -174,6 +179,10 @@ SMOKE = Profile(
     history_cap_s=60.0,
     history_backlog_rows=8000,
     history_prune_cap_s=60.0,
+    tenancy_trials=1,
+    tenancy_lateness_rows=50,
+    tenancy_lateness_span_s=1.5,
+    tenancy_throughput_rows=200,
 )
 
 PROFILES = {p.name: p for p in (FULL, QUICK, SMOKE)}

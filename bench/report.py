@@ -23,6 +23,7 @@ KEYS = (
     "scale",
     "cluster",
     "history",
+    "tenancy",
 )
 SYSTEMS = ("schedlock", "seed_tick", "k8s_lease", "river", "procrastinate")
 PEERS = SYSTEMS[3:]  # the maintained systems run beside schedlock (bench/peers/)
@@ -31,6 +32,8 @@ BEGIN = "<!-- bench:results:begin (written by `make bench`; do not edit by hand)
 END = "<!-- bench:results:end -->"
 HISTORY_BEGIN = "<!-- bench:history:begin (written by `make bench`; do not edit by hand) -->"
 HISTORY_END = "<!-- bench:history:end -->"
+TENANCY_BEGIN = "<!-- bench:tenancy:begin (written by `make bench`; do not edit by hand) -->"
+TENANCY_END = "<!-- bench:tenancy:end -->"
 
 
 def document(info: dict[str, Any], when: datetime, results: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +357,46 @@ def history_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+TENANCY_MODES = (
+    ("owner", "the schema's owner (no row-level security)"),
+    ("every_namespace", "a role granted every namespace (`*`)"),
+    ("namespace", "a role granted one namespace"),
+)
+
+
+def tenancy_table(doc: dict[str, Any]) -> str:
+    """The ``tenancy`` scenario: one key as the owner and under row-level security."""
+    t = doc.get("tenancy")
+    if not t:
+        return ""
+    modes, ratio = t.get("modes") or {}, t.get("ratio") or {}
+    header = "| one key led by a real sidecar | lateness p50 | lateness p99 | throughput, fires/s |"
+    lines = [header, "|---|---|---|---|"]
+    for mode, label in TENANCY_MODES:
+        entry, r = modes.get(mode) or {}, ratio.get(mode) or {}
+
+        def cell(value: Any, unit: str, factor: Any) -> str:
+            return _num(value, unit) + (f" ({_ratio_cell(factor)})" if factor is not None else "")
+
+        lines.append(
+            f"| {label} | {cell(_get(entry, 'lateness_ms', 'p50'), ' ms', r.get('lateness_p50'))} "
+            f"| {cell(_get(entry, 'lateness_ms', 'p99'), ' ms', r.get('lateness_p99'))} "
+            f"| {cell(_get(entry, 'throughput', 'fires_per_s'), '', r.get('throughput'))} |"
+        )
+    targets_ = t.get("targets") or {}
+    cost = targets_.get("max_cost")
+    rows = t.get("rows") or {}
+    lines += [
+        "",
+        f"{t.get('trials')} trials, the three modes in turns; per trial and mode "
+        f"{rows.get('lateness')} rows for lateness and {rows.get('throughput')} for throughput. "
+        f"Ratios are over the owner's. Target: a per-namespace role costs at most "
+        f"{_num((cost or 0) * 100, ' %')} (lateness ≤ {_num(1 + (cost or 0))}×, throughput ≥ "
+        f"{_num(1 - (cost or 0))}×): {_check(targets_.get('met'))}.",
+    ]
+    return "\n".join(lines)
+
+
 ScaleColumn = tuple[str, Callable[[dict[str, Any]], str]]
 SCALE_COLUMNS: tuple[ScaleColumn, ...] = (
     ("sessions held", lambda r: _num(r["sessions_held"]["median"])),
@@ -422,6 +465,8 @@ def write(
         "",
         history_table(doc),
         "",
+        tenancy_table(doc),
+        "",
         "`≥` marks a distribution with capped trials (the run stopped waiting): its values are "
         "lower bounds. See docs/performance.md for what each number means and what bounds it.",
     ]
@@ -443,13 +488,23 @@ def write_docs(doc: dict[str, Any], table_md: str) -> None:
     DOCS.write_text(_replace_block(DOCS.read_text(), BEGIN, END, body))
 
 
-def write_history_docs(doc: dict[str, Any]) -> None:
-    """The ``history`` block of docs/performance.md (its own markers: it may run alone)."""
-    measured = (doc.get("history") or {}).get("measured") or {}
+# Scenarios whose table has a block of its own in docs/performance.md (each may run alone):
+# key -> (begin marker, end marker, table).
+OWN_BLOCKS: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
+    "history": (HISTORY_BEGIN, HISTORY_END, history_table),
+    "tenancy": (TENANCY_BEGIN, TENANCY_END, tenancy_table),
+}
+
+
+def write_own_block(doc: dict[str, Any], key: str) -> None:
+    """Scenario ``key``'s block of docs/performance.md, stamped with when and on what it was
+    measured (its own run's, when merged into an earlier run's results)."""
+    begin, end, render = OWN_BLOCKS[key]
+    measured = (doc.get(key) or {}).get("measured") or {}
     when = measured.get("when", doc["when"])
     machine = measured.get("machine_line") or machine_line(doc)
-    body = f"Measured {when} on {machine}.\n\n{history_table(doc)}"
-    DOCS.write_text(_replace_block(DOCS.read_text(), HISTORY_BEGIN, HISTORY_END, body))
+    body = f"Measured {when} on {machine}.\n\n{render(doc)}"
+    DOCS.write_text(_replace_block(DOCS.read_text(), begin, end, body))
 
 
 def merge_partial(previous: dict[str, Any], doc: dict[str, Any], only: list[str]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ Order and grouping (what may share the machine with what):
 5. operator — the burst of ScheduledPublish objects;
 6. scale — 5, 20 and 50 replicas of one target at max_connections 100, bounded vs baseline;
 7. history — the hot paths with 0 and with 5 M finished rows on one server, the prune backlog;
-8. cluster — the product in a real one-node cluster: leader pods deleted, a rolling update.
+8. tenancy — one key's lateness and throughput as the owner and under row-level security;
+9. cluster — the product in a real one-node cluster: leader pods deleted, a rolling update.
 
 A run of some scenarios only (``--only``) into a results directory that holds an earlier run
 replaces those scenarios' keys and keeps the others (``report.merge_partial``).
@@ -49,6 +50,7 @@ from bench.scenarios import (
     lateness,
     operator,
     scale,
+    tenancy,
     throughput,
 )
 from testbed.sidecars import REPO
@@ -132,6 +134,7 @@ async def _scenarios(ctx: Context, only: list[str], errors: list[str]) -> None:
         ("operator", ("operator",), lambda _: operator.run(ctx)),
         ("scale", ("scale",), lambda _: scale.run(ctx)),
         ("history", ("history",), lambda _: history.run(ctx)),
+        ("tenancy", ("tenancy",), lambda _: tenancy.run(ctx)),
         ("cluster", ("cluster",), lambda _: cluster.run(ctx)),
     ]
     for family, keys, start in families:
@@ -182,14 +185,16 @@ def run(
     table = report.table(document)
     print(table)
     print(report.history_table(document))
+    print(report.tenancy_table(document))
     report.write(out, document, table, ctx.series, ctx.censored)
     if write_docs:
-        if set(only) - {"history"}:
+        if set(only) - set(report.OWN_BLOCKS):
             report.write_docs(document, table)
             ctx.say("wrote the table into docs/performance.md")
-        if "history" in only and document.get("history"):
-            report.write_history_docs(document)
-            ctx.say("wrote the history table into docs/performance.md")
+        for key in report.OWN_BLOCKS:
+            if key in only and document.get(key):
+                report.write_own_block(document, key)
+                ctx.say(f"wrote the {key} table into docs/performance.md")
     ctx.say(f"done in {info['run_seconds']:.0f} s; results in {out}")
     if errors:
         for error in errors:

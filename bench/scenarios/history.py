@@ -44,9 +44,9 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from bench import history_rows
+from bench import history_rows, trials
 from bench.context import Context
-from bench.rows import RowStream, due_times, insert_due
+from bench.rows import RowStream, due_times
 from bench.stats import summarize
 from bench.systems import SchedlockInstance, until
 from schedlock.operator.settings import OperatorSettings
@@ -54,7 +54,6 @@ from schedlock.operator.sync import StatusSync
 from schedlock.store import Store, open_store
 from testbed.rows import fetch
 
-LEAD_IN_S = 2.0
 TARGET_P99_RATIO = 1.5
 TARGET_STATUS_S = 2.0
 TARGET_PRUNE_S = 600.0
@@ -101,61 +100,6 @@ def _stop(inst: HistoryInstance) -> None:
 
 
 # -- the measurements ------------------------------------------------------------------------------
-
-
-def _insert(inst: HistoryInstance, prefix: str, count: int, spacing: float) -> float:
-    """``count`` rows on the measured key, the first due LEAD_IN_S from now; returns when."""
-    start = time.time() + LEAD_IN_S
-    insert_due(
-        inst.db_url,
-        prefix=prefix,
-        count=count,
-        start_at=start,
-        spacing=spacing,
-        namespace=inst.namespace,
-        target=inst.target,
-    )
-    return start
-
-
-def _late_ms(inst: HistoryInstance, due: dict[str, float], cutoff: float) -> list[float]:
-    """Each row's lateness; a row not delivered by ``cutoff`` counts with its lateness so far."""
-    first = inst.log.first_arrivals()
-    return [((first[u].arrival if u in first else cutoff) - at) * 1000 for u, at in due.items()]
-
-
-async def _lateness(ctx: Context, inst: HistoryInstance, prefix: str) -> list[float]:
-    p = ctx.profile
-    count, span = p.history_lateness_rows, p.history_lateness_span_s
-    start = _insert(inst, prefix, count, span / count)
-    due = due_times(inst.db_url, prefix)
-    end = start + span + p.lateness_drain_s
-    while time.time() < end and not set(due) <= set(inst.log.first_arrivals()):
-        await asyncio.sleep(0.25)
-    return _late_ms(inst, due, time.time())
-
-
-async def _throughput(ctx: Context, inst: HistoryInstance, prefix: str) -> dict[str, Any]:
-    p = ctx.profile
-    due = _insert(inst, prefix, p.history_throughput_rows, 0.0)
-    end = due + p.throughput_cap_s
-
-    def arrivals() -> list[float]:
-        return [e.arrival for u, e in inst.log.first_arrivals().items() if u.startswith(prefix)]
-
-    got = arrivals()
-    while time.time() < end and len(got) < p.history_throughput_rows:
-        await asyncio.sleep(0.2)
-        got = arrivals()
-    capped = len(got) < p.history_throughput_rows
-    seconds = p.throughput_cap_s if capped else max(got) - due
-    in_cap = [a for a in got if a <= end]
-    return {
-        "fires_per_s": round(len(in_cap) / seconds, 1) if seconds > 0 else None,
-        "fires": len(in_cap),
-        "seconds": round(seconds, 2),
-        "capped": capped,
-    }
 
 
 STATUS_RUNS = 3
@@ -307,9 +251,17 @@ async def _measure(ctx: Context, inst: HistoryInstance, label: str) -> dict[str,
     try:
         late: list[float] = []
         for trial in range(p.history_lateness_trials):
-            late += await _lateness(ctx, inst, f"late{trial}")
+            late += await trials.lateness(
+                inst,
+                f"late{trial}",
+                count=p.history_lateness_rows,
+                span_s=p.history_lateness_span_s,
+                drain_s=p.lateness_drain_s,
+            )
         entry = summarize(late, censored=0)
-        tput = await _throughput(ctx, inst, "tput")
+        tput = await trials.throughput(
+            inst, "tput", rows=p.history_throughput_rows, cap_s=p.throughput_cap_s
+        )
     finally:
         _stop(inst)
     ctx.series.setdefault("history_lateness_ms", {})[label] = late
@@ -421,7 +373,7 @@ async def _prune(
         for u, at in due_times(inst.db_url, "prune").items()
         if at < cutoff - p.lateness_drain_s
     }
-    late = _late_ms(inst, due, cutoff)
+    late = trials.late_ms(inst, due, cutoff)
     entry = summarize(late)
     ctx.series.setdefault("history_lateness_ms", {})["during prune"] = late
     after_total = int(fetch(inst.db_url, "SELECT count(*) FROM schedlock_publishes")[0][0])

@@ -86,8 +86,13 @@ def test_bench_smoke_writes_every_key(tmp_path: Path, cluster_free_host: None) -
     assert history["history"]["rows_in_table"] >= history["rows"]
     prune = history["prune"]
     assert prune.get("skipped") or (prune["cleared"] and prune["rows_deleted"] > 0), prune
+    tenancy = document["tenancy"]
+    for mode in ("owner", "every_namespace", "namespace"):
+        assert_distribution(tenancy["modes"][mode]["lateness_ms"], f"tenancy.{mode}.lateness_ms")
+        assert tenancy["modes"][mode]["throughput"]["runs"][0]["fires"] >= 1, tenancy["modes"]
+    assert isinstance(tenancy["targets"]["met"], bool)
     table = (out / "latest.md").read_text()
-    assert "| history target |" in table
+    assert "| history target |" in table and "| a role granted one namespace |" in table
     assert "failover SIGKILL" in table and "| schedlock target |" in table
     assert "| river | procrastinate |" in table and "no leader: n/a" in table
     assert run.stdout.count("| failover SIGKILL, ms |") == 1  # the table is printed too

@@ -1,0 +1,157 @@
+"""Tenancy: what row-level security costs the sidecar's hot path (migration 0008, issue 20).
+
+The same key, led by a real sidecar group of ``replicas``, measured three ways, each on a
+fresh database of the benchmark's one PostgreSQL:
+
+* ``owner`` — the sidecars connect as the schema's owner, whom row-level security does not
+  apply to (ENABLE, not FORCE): what every release before 0008 ran, the reference;
+* ``every_namespace`` — a login role granted the plain way (``migrate --grant-sidecar ROLE``:
+  ``*``, single-tenant): the policies run and let every row through;
+* ``namespace`` — a login role granted for the key's namespace only
+  (``migrate --grant-sidecar ROLE --namespace NS``): the policies run and filter.
+
+Neither role is a superuser: both are subject to the policies, as a real install's are.  Per
+mode: lateness (``tenancy_lateness_rows`` due evenly over ``tenancy_lateness_span_s``) and
+throughput (``tenancy_throughput_rows`` due at once), :mod:`bench.trials`.  The modes take
+turns within each of ``tenancy_trials`` trials, so that the machine's load falls on all three
+alike; the ratios are each mode's figure over the owner's.  Target (the issue's): per-namespace
+roles cost at most 10 % — lateness p50 and p99 ≤ 1.1×, throughput ≥ 0.9× the owner's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from bench import trials
+from bench.context import Context
+from bench.stats import summarize
+from bench.systems import SchedlockInstance, until
+from schedlock.store import open_store
+
+MODES = ("owner", "every_namespace", "namespace")
+ROLES = {"every_namespace": "bench_every_namespace", "namespace": "bench_one_namespace"}
+MAX_COST = 0.10
+RETENTION_OFF = {"SCHEDLOCK_RETENTION_SECONDS": "0", "SCHEDLOCK_FAILED_RETENTION_SECONDS": "0"}
+
+
+class TenancyInstance(SchedlockInstance):
+    """schedlock on the bench's key, its sidecars connected as the mode's role."""
+
+    short = "ten"
+
+    def __init__(self, ctx: Context, mode: str, trial: int) -> None:
+        super().__init__(ctx.env, ctx.profile, f"{mode}{trial}", ctx.profile.replicas)
+        self.role = ROLES.get(mode)
+
+    async def grant(self, mode: str) -> None:
+        """Create the mode's login role (once; no superuser) and grant it on this database as
+        the owner, through the store's own grant (what `schedlock migrate --grant-…` runs)."""
+        if self.role is None:
+            return
+        self.env.sql(
+            f'DO $$ BEGIN CREATE ROLE "{self.role}" LOGIN; '
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        store = open_store(self.db_url, application_name="bench-tenancy-grant")
+        try:
+            scope = [self.namespace] if mode == "namespace" else []
+            await store.grant(sidecar_role=self.role, operator_role=None, namespaces=scope)
+        finally:
+            await store.close()
+
+    def replica_url(self, name: str) -> str:
+        if self.role is None:
+            return super().replica_url(name)
+        return self.env.pg.url(self.dbname, user=self.role)
+
+    def settings(self) -> dict[str, str]:
+        # a runtime role has no DDL (the database comes migrated); the rows stay for the count
+        return {**super().settings(), **RETENTION_OFF, "SCHEDLOCK_MIGRATE": "off"}
+
+
+async def _trial(ctx: Context, mode: str, trial: int) -> tuple[list[float], dict[str, Any]]:
+    p = ctx.profile
+    inst = TenancyInstance(ctx, mode, trial)
+    try:
+        await inst.grant(mode)
+        inst.start()
+        await inst.wait_ready()
+        await until(inst.leader_name, 60, 0.05, f"a leader ({mode})")
+        late = await trials.lateness(
+            inst,
+            "late",
+            count=p.tenancy_lateness_rows,
+            span_s=p.tenancy_lateness_span_s,
+            drain_s=p.lateness_drain_s,
+        )
+        tput = await trials.throughput(
+            inst, "tput", rows=p.tenancy_throughput_rows, cap_s=p.throughput_cap_s
+        )
+    finally:
+        inst.stop()
+    return late, tput
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or reference is None or reference <= 0:
+        return None
+    return round(value / reference, 3)
+
+
+async def run(ctx: Context) -> None:
+    p = ctx.profile
+    late: dict[str, list[float]] = {mode: [] for mode in MODES}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    for trial in range(p.tenancy_trials):
+        for mode in MODES:  # in turns: the machine's load falls on every mode alike
+            values, tput = await _trial(ctx, mode, trial)
+            late[mode] += values
+            runs[mode].append(tput)
+            ctx.say(
+                f"tenancy {mode} #{trial + 1}: lateness p99 {summarize(values)['p99']} ms, "
+                f"{tput['fires_per_s']} fires/s"
+            )
+    modes: dict[str, Any] = {}
+    for mode in MODES:
+        rates = [r["fires_per_s"] for r in runs[mode] if r["fires_per_s"] is not None]
+        modes[mode] = {
+            "lateness_ms": summarize(late[mode]),
+            "throughput": {
+                "fires_per_s": round(statistics.median(rates), 1) if rates else None,
+                "runs": runs[mode],
+            },
+        }
+        ctx.series.setdefault("tenancy_lateness_ms", {})[mode] = late[mode]
+    owner = modes["owner"]
+    ratio = {
+        mode: {
+            "lateness_p50": _ratio(modes[mode]["lateness_ms"]["p50"], owner["lateness_ms"]["p50"]),
+            "lateness_p99": _ratio(modes[mode]["lateness_ms"]["p99"], owner["lateness_ms"]["p99"]),
+            "throughput": _ratio(
+                modes[mode]["throughput"]["fires_per_s"], owner["throughput"]["fires_per_s"]
+            ),
+        }
+        for mode in MODES[1:]
+    }
+    scoped = ratio["namespace"]
+    p50, p99, rate = scoped["lateness_p50"], scoped["lateness_p99"], scoped["throughput"]
+    met = (
+        p50 is not None
+        and p99 is not None
+        and rate is not None
+        and max(p50, p99) <= 1 + MAX_COST
+        and rate >= 1 - MAX_COST
+    )
+    ctx.results["tenancy"] = {
+        "modes": modes,
+        "ratio": ratio,
+        "trials": p.tenancy_trials,
+        "rows": {"lateness": p.tenancy_lateness_rows, "throughput": p.tenancy_throughput_rows},
+        "targets": {"max_cost": MAX_COST, "met": met},
+    }
+    ctx.say(
+        f"tenancy: per-namespace role over owner — lateness p50 {scoped['lateness_p50']}×, "
+        f"p99 {scoped['lateness_p99']}×, throughput {scoped['throughput']}× "
+        f"(target within {MAX_COST:.0%}: {'met' if met else 'NOT met'})"
+    )
