@@ -152,7 +152,7 @@ def test_a_role_that_may_not_serve_what_it_watches_exits_2(
     log = cluster_wide.log_text()
     assert f"schedlock operator: error: {said}\n" in log, log
     assert [r["error"] for r in records(log, Event.OPERATOR_FATAL)] == [said]
-    assert "Traceback" not in log and not records(log, Event.OPERATOR_STARTED), log
+    assert "Traceback" not in log and not list(records(log, Event.OPERATOR_STARTED)), log
     scoped = OperatorProcess(
         tmp_path / "scoped",
         url,
