@@ -71,6 +71,11 @@ Invariants (docs/architecture.md, "Leadership: the state machine"):
    session after the lease whatever the network does.  The leader heartbeats every
    ``heartbeat_seconds`` and steps down when no heartbeat succeeded for lease minus a margin.
    Sessions per key are at most ``1 + standbys``; reserves hold none.
+   Advisory locks have no ACL: after each slice, the wait asks whether the lock is held by a
+   session whose login role may not serve the key's namespace (lock squatting, migration
+   0009) and the server says each change as a notice while the statement runs, still no
+   query.  A standby records it (``foreign_holder``: /readyz, the metric, the log) until the
+   holder goes, the lock is granted or its wait ends.
 5. Keys and standby places use the two-int4 advisory lock form with fixed class ids
    (``schedlock.store.keys``).
 6. After acquiring, a second transaction must see the lock — and the standby place taken in an
