@@ -7,7 +7,8 @@ places, the roster and the reserves have their own fake in
 ``tests/unit/test_connection_budget_roles.py``).  Each session's ``beats`` says what its
 heartbeats do — ``ok``, ``hang`` (a frozen network) or ``fail`` — and :meth:`FakeServer.end`
 is the server ending a session (its lease ran out, it was killed).  ``steps`` lists what the
-sessions did, as ``holder:step``.
+sessions did, as ``holder:step``.  :meth:`FakeServer.squat` is a session of a foreign role
+holding the lock: the waiting sessions hear of it as PostgreSQL's notices would tell them.
 
 Time is the running loop's: on ``testbed.virtual_time`` the tests are exact and instant.
 """
@@ -15,10 +16,18 @@ Time is the running loop's: on ``testbed.virtual_time`` the tests are exact and 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schedlock.core.aio import now
-from schedlock.store import Heartbeat, LockKey, StoreUnavailable, TermStart, UnlockFailed
+from schedlock.store import (
+    ForeignHolder,
+    Heartbeat,
+    LockKey,
+    StoreUnavailable,
+    TermStart,
+    UnlockFailed,
+)
 
 KEY = LockKey("publish", "default", "demo")
 
@@ -32,6 +41,7 @@ class FakeServer:
     released_at: float | None = None
     released: bool = False
     steps: list[str] = field(default_factory=list)
+    foreign: ForeignHolder | None = None  # what the waiters hear of a foreign holder
 
     def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> FakeSession:
         self.steps.append(f"{holder}:session")
@@ -43,10 +53,21 @@ class FakeServer:
         self.holder = session
         return session
 
+    def squat(self, foreign: ForeignHolder | None) -> None:
+        """The lock's holder is (or is no longer, None) a session of a foreign role: every
+        waiter hears it, once per change, as the ``lock`` statement's notices would say."""
+        if foreign == self.foreign:
+            return
+        self.foreign = foreign
+        for waiter, _granted in self.queue:
+            if waiter.on_holder is not None:
+                waiter.on_holder(foreign)
+
     def unlock(self, session: FakeSession, *, released: bool) -> None:
         if self.holder is not session:
             return
         self.holder, self.released_at, self.released = None, now(), released
+        self.foreign = None
         while self.queue and self.holder is None:
             waiter, granted = self.queue.pop(0)
             if not granted.done():
@@ -69,6 +90,7 @@ class FakeSession:
     # What the next heartbeats do: "ok", "hang" (a frozen network) or "fail" (an error).
     beats: str = "ok"
     connected: bool = True
+    on_holder: Callable[[ForeignHolder | None], None] | None = None
 
     def _say(self, step: str) -> None:
         self.server.steps.append(f"{self.holder}:{step}")
@@ -93,13 +115,18 @@ class FakeSession:
     async def leave_reserves(self) -> None:
         return None
 
-    async def acquire(self) -> None:
+    async def acquire(
+        self, on_holder: Callable[[ForeignHolder | None], None] | None = None
+    ) -> None:
         self._say("acquire")
         if self.server.holder is None:
             self.server.holder = self
             return
+        self.on_holder = on_holder
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.server.queue.append((self, granted))
+        if on_holder is not None and self.server.foreign is not None:
+            on_holder(self.server.foreign)
         await granted
 
     async def begin_term(self) -> TermStart:

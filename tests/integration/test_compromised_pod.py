@@ -14,16 +14,23 @@ The whole module runs twice: on a database as PostgreSQL 15+ creates it, and on 
 ``public`` schema grants CREATE to PUBLIC (PostgreSQL 14 and older, upgraded databases), which
 ``migrate --grant-…`` revokes and says so.
 
-Out of reach here, and not claimed (docs/security.md): advisory locks have no ACL, so A's role
-can still hold ``pg_advisory_lock`` on B's key ids by hand (lock squatting, not detected yet).
+Out of reach of any grant: advisory locks have no ACL, so A's role can still hold
+``pg_advisory_lock`` on B's key ids by hand (lock squatting) and B's rows wait.  It is
+detected, last here: within seconds B's waiting sidecars name A's role and its backend pid on
+``/readyz`` (still 200), in ``schedlock_lock_foreign_holder`` and their log, and ``schedlock
+status`` names them too (as the admin and as an operator role scoped to B); an admin's
+``pg_terminate_backend`` ends it, B leads again and every row fires once.  B's standbys waiting
+behind B's own leader all along never said a foreign holder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,15 +38,16 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from schedlock.core.logs import Event, records
 from schedlock.store import LockKey, open_store
 from testbed.pg import PostgresServer
 from testbed.rows import fetch, insert_rows, row_states, wait_published
-from testbed.sidecars import SidecarGroup, SidecarProcess
+from testbed.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
 
 SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
 NS_A, NS_B = "team-a", "team-b"
-ROLE_A, ROLE_B = "tenant_a", "tenant_b"
-PASSWORDS = {ROLE_A: "a-pass-7f3", ROLE_B: "b-pass-9c1"}
+ROLE_A, ROLE_B, OPS_B = "tenant_a", "tenant_b", "ops_b"  # ops_b: an operator role of B only
+PASSWORDS = {ROLE_A: "a-pass-7f3", ROLE_B: "b-pass-9c1", OPS_B: "ops-pass-4d2"}
 TABLES = ("schedlock_publishes", "schedlock_schedules", "schedlock_terms", "schedlock_reserves")
 B_ROWS, A_ROWS = 20, 10
 RUNTIME_ENV = {"SCHEDLOCK_MIGRATE": "off"}  # a runtime role has no DDL
@@ -104,6 +112,8 @@ def tenancy(
             done = cli("migrate", "--grant-sidecar", role, "--namespace", namespace, url=admin)
             assert done.returncode == 0, done.stderr
             tenancy.granted[role] = done.stdout
+        done = cli("migrate", "--grant-operator", OPS_B, "--namespace", NS_B, url=admin)
+        assert done.returncode == 0, done.stderr
         # Started before B's sidecars: it must exit, never holding B's key in the meantime.
         tenancy.squatter_first = squatter(tenancy, workdir / "squat", "squatter-first")
         tenancy.team_b = SidecarGroup(
@@ -288,3 +298,150 @@ def test_every_row_fires_to_its_own_app(tenancy: Tenancy) -> None:
     assert sorted(e["uid"] for e in got_a) == sorted(f"a-{i}" for i in range(A_ROWS))
     assert {e["namespace"] for e in got_a} == {NS_A}
     assert row_states(tenancy.admin, "b") == {"published": B_ROWS}
+
+
+# -- lock squatting: not prevented (advisory locks have no ACL), detected ---------------------
+
+SQUATTED = LockKey("publish", NS_B, "demo")
+SQ_ROWS = 5
+
+
+def _holder_pid(tenancy: Tenancy) -> int | None:
+    """The backend pid holding SQUATTED's lock, as the admin sees it in pg_locks."""
+    found = fetch(
+        tenancy.admin,
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+        "classid = %s::int::oid AND objid = %s::int::oid AND objsubid = 2",
+        SQUATTED.classid,
+        SQUATTED.objid,
+    )
+    return int(found[0][0]) if found else None
+
+
+def _waiting(tenancy: Tenancy, pid: int) -> bool:
+    return bool(
+        fetch(
+            tenancy.admin,
+            "SELECT 1 FROM pg_locks WHERE pid = %s AND locktype = 'advisory' AND NOT granted",
+            pid,
+        )
+    )
+
+
+def _foreign_gauge(sidecar: SidecarProcess) -> float | None:
+    for name, value in sidecar.metrics().items():
+        if name.startswith("schedlock_lock_foreign_holder{") and 'scheduler="publish"' in name:
+            return value
+    return None
+
+
+def _readyz(sidecar: SidecarProcess) -> tuple[int, str]:
+    status, text = http_get(sidecar.url("/readyz"))
+    return status, text.strip()
+
+
+def _status(url: str) -> dict[str, object]:
+    done = cli("status", "--json", url=url)
+    assert done.returncode == 0, done.stderr
+    (key,) = [
+        k
+        for k in json.loads(done.stdout)
+        if (k["scheduler"], k["namespace"], k["target"]) == ("publish", NS_B, "demo")
+    ]
+    return dict(key)
+
+
+def _take_the_lock_from_b(
+    tenancy: Tenancy, squatter: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """A's session queues for B's key (plain pg_advisory_lock, no time-out: it stays ahead of
+    B's standbys, whose 1 s slices queue again each time) and the admin ends B's leader's
+    session, as a crash would: the lock goes to A.  Repeated in the rare case a standby of B
+    was ahead (with every row of B published, a hand-over costs nothing)."""
+    pid = squatter.info.backend_pid
+    locked = threading.Thread(
+        target=squatter.execute,
+        args=("SELECT pg_advisory_lock(%s, %s)", (SQUATTED.classid, SQUATTED.objid)),
+        daemon=True,
+    )
+    locked.start()
+    wait_for(lambda: _waiting(tenancy, pid), timeout=10, what="A's session to queue for B's key")
+    for _ in range(5):
+        holder = wait_for(lambda: _holder_pid(tenancy), timeout=30, what="a holder of B's key")
+        if holder == pid:
+            break
+        fetch(tenancy.admin, "SELECT pg_terminate_backend(%s)", holder)
+        wait_for(
+            lambda gone=holder: _holder_pid(tenancy) != gone, timeout=30, what="B's leader gone"
+        )
+    else:
+        pytest.fail("A's session never got B's key")
+    locked.join(10)
+
+
+def test_b_never_saw_a_foreign_holder_behind_its_own_leader(tenancy: Tenancy) -> None:
+    """The negative, before any squatting: B's standbys have waited behind B's own leader since
+    the module began (and through the attacks above)."""
+    assert tenancy.team_b is not None
+    for sidecar in tenancy.team_b:
+        assert _foreign_gauge(sidecar) == 0
+        assert not list(records(sidecar.log_text(), Event.LOCK_HELD_BY_FOREIGN_ROLE))
+        assert _readyz(sidecar) == (200, "ok")
+    assert _status(tenancy.admin)["foreignHolder"] is None
+
+
+def test_a_holding_bs_lock_by_hand_is_named_everywhere_until_an_admin_ends_it(
+    tenancy: Tenancy,
+) -> None:
+    assert tenancy.team_b is not None and tenancy.team_b.receiver is not None
+    team_b = list(tenancy.team_b)
+    wait_published(tenancy.admin, "b", B_ROWS, timeout=60)  # nothing of B in flight
+    squatter = psycopg.connect(tenancy.url_a, autocommit=True)
+    pid = squatter.info.backend_pid
+    try:
+        _take_the_lock_from_b(tenancy, squatter)
+        insert_rows(tenancy.admin, SQ_ROWS, start_in=0, namespace=NS_B, prefix="sq")
+        named = f"lock held by role '{ROLE_A}' (backend pid {pid}) since "
+        # /readyz of every B sidecar (both wait now) names it, still 200; so do the metric ...
+        for sidecar in team_b:
+            wait_for(
+                lambda s=sidecar: named in _readyz(s)[1],
+                timeout=30,
+                what=f"{sidecar.name}'s /readyz to name the foreign holder",
+            )
+            status, text = _readyz(sidecar)
+            assert status == 200 and text.startswith("ok, key's lock held by a role"), text
+            assert f"publish/{NS_B}/demo: {named}" in text
+            assert _foreign_gauge(sidecar) == 1
+            # ... and the log
+            said = list(records(sidecar.log_text(), Event.LOCK_HELD_BY_FOREIGN_ROLE))
+            assert said and {(r["role"], r["pid"], r["key"]) for r in said} == {
+                (ROLE_A, pid, str(SQUATTED))
+            }
+        # schedlock status, as the admin and as B's operator role (under row-level security)
+        ops_b = tenancy.server.url("tenants", OPS_B, PASSWORDS[OPS_B])
+        for url in (tenancy.admin, ops_b):
+            assert _status(url)["foreignHolder"] == {"role": ROLE_A, "pid": pid}
+        table = cli("status", url=ops_b).stdout
+        assert f"FOREIGN:{ROLE_A}(pid {pid})" in table
+        assert f"SELECT pg_terminate_backend({pid})" in table
+        assert row_states(tenancy.admin, "sq") == {"scheduled": SQ_ROWS}  # nobody leads B
+        # The runbook's fix: an admin ends the session; B leads again, every row fires once.
+        fetch(tenancy.admin, "SELECT pg_terminate_backend(%s)", pid)
+        tenancy.team_b.wait_leader(timeout=30)
+        wait_published(tenancy.admin, "sq", SQ_ROWS, timeout=60)
+    finally:
+        squatter.close()
+    uids = [e["uid"] for e in tenancy.team_b.receiver.entries()]
+    assert sorted(u for u in uids if u.startswith("sq-")) == [f"sq-{i}" for i in range(SQ_ROWS)]
+    assert sorted(u for u in uids if u.startswith("b-")) == sorted(f"b-{i}" for i in range(B_ROWS))
+    for sidecar in team_b:
+        wait_for(
+            lambda s=sidecar: _readyz(s) == (200, "ok"),
+            timeout=30,
+            what=f"{sidecar.name}'s /readyz back to ok",
+        )
+        assert _foreign_gauge(sidecar) == 0
+        gone = list(records(sidecar.log_text(), Event.LOCK_FOREIGN_HOLDER_GONE))
+        assert gone and (gone[-1]["role"], gone[-1]["pid"]) == (ROLE_A, pid)
+    assert _status(tenancy.admin)["foreignHolder"] is None

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from schedlock.store import MigrationRefused, SchemaTooNew, ensure_schema, open_store
-from schedlock.store.migrations import latest_id, migrations
+from schedlock.store.migrations import latest_id, migrations, split_statements
 from testbed.pg_fixtures import PostgresService
 from testbed.schemas import pg_definitions, pg_schema, sqlite_schema, sqlite_triggers
 
@@ -98,7 +98,11 @@ def test_down_to_each_migration_and_up_again_is_a_fresh_replay(databases: Databa
         url = databases.new()
         assert migrate(url, to=n) == list(range(1, n + 1))
         fresh[n] = databases.schema(url)
-    assert all(fresh[n] != fresh[n + 1] for n in range(LATEST))  # each migration shows
+    # Each migration shows, but one that is only the other dialect's (0009's definer function
+    # for PostgreSQL: SQLite has no roles) is nothing but comments here.
+    empty = {m.id for m in migrations(databases.dialect) if not split_statements(m.sql)}
+    assert empty == ({9} if databases.dialect == "sqlite" else set())
+    assert all(fresh[n] != fresh[n + 1] for n in range(LATEST) if n + 1 not in empty)
     url = databases.new()
     assert migrate(url) == list(range(1, LATEST + 1))
     assert databases.schema(url) == fresh[LATEST]

@@ -274,3 +274,26 @@ def test_any_publish_value_is_exit_0_1_or_2_in_one_line(
     if code == 2:
         assert err.startswith(f"schedlock publish: error: {flag}: ")
     database_env.unlink(missing_ok=True)  # each example starts without a database
+
+
+def test_status_names_a_foreign_lock_holder_in_printable_words() -> None:
+    from schedlock.cli.admin import render_table, squatting_lines, status_rows
+    from schedlock.store import KeyStatus
+
+    def key(target: str, role: str | None, pid: int | None) -> KeyStatus:
+        return KeyStatus(
+            "publish", "team-b", target, 3, "b-0", "b-sidecar-0", 1, None, None, None, 0, None,
+            None, foreign_holder_role=role, foreign_holder_pid=pid,
+        )  # fmt: skip
+
+    rows = status_rows([key("demo", "tenant_a\x1b[2J\n", 812), key("other", None, None)])
+    assert rows[0]["foreignHolder"] == {"role": "tenant_a\x1b[2J\n", "pid": 812}
+    assert rows[1]["foreignHolder"] is None
+    table = render_table(rows)
+    assert "\x1b" not in table and len(table.splitlines()) == 3
+    assert "FOREIGN:tenant_a" in table.splitlines()[1] and "(pid 812)" in table
+    assert "b-sidecar-0" in table.splitlines()[2]
+    (line,) = squatting_lines(rows)
+    assert line.startswith("publish/team-b/demo: lock held by role 'tenant_a")
+    assert "\x1b" not in line and "\n" not in line
+    assert "SELECT pg_terminate_backend(812)" in line

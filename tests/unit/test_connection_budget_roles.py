@@ -217,7 +217,7 @@ class FakeSession:
     async def leave_reserves(self) -> None:
         self.db.roster.pop(self.holder, None)
 
-    async def acquire(self) -> None:
+    async def acquire(self, on_holder: object = None) -> None:
         if self.db.holder is None and not self.db.queue:
             self.db.holder = self
             return

@@ -20,7 +20,7 @@ from schedlock.core.aio import now
 from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.lock import KeyElector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
-from schedlock.store import UnlockFailed
+from schedlock.store import ForeignHolder, UnlockFailed
 from testbed.lock_fakes import KEY, FakeApp, FakeServer, FakeSession
 from testbed.virtual_time import run
 
@@ -238,6 +238,51 @@ def test_every_failure_of_a_term_is_logged_with_its_task(caplog: pytest.LogCaptu
     failed = [r for r in caplog.records if getattr(r, "event", None) == "task_failed"]
     assert [getattr(r, "task", None) for r in failed] == [f"heartbeat:{KEY}"]
     assert "StoreUnavailable" in getattr(failed[0], "error", "")
+
+
+def test_a_standby_says_a_foreign_holder_until_it_leads(caplog: pytest.LogCaptureFixture) -> None:
+    """Lock squatting: what the wait hears of a foreign holder shows as the metric, the words
+    for /readyz and one log event each way; the standby leads once the holder's session ends."""
+    caplog.set_level(logging.INFO, logger="schedlock.lock")
+    squatter = ForeignHolder(pid=4242, role="tenant_a\n'x")
+
+    async def body(server: FakeServer) -> None:
+        squatting = server.occupied_by("squatter")
+        b = start(server, "b")
+        await until(lambda: b.elector.role is Role.STANDBY and len(server.queue) == 1)
+        assert b.metric("schedlock_lock_foreign_holder") == 0 and b.elector.squatted is None
+        server.squat(squatter)
+        server.squat(squatter)  # the same holder again: nothing new is said
+        assert b.elector.foreign_holder == squatter
+        assert b.metric("schedlock_lock_foreign_holder") == 1
+        said = b.elector.squatted or ""
+        assert said.startswith("publish/default/demo: lock held by role 'tenant_a")
+        assert "(backend pid 4242) since " in said and "\n" not in said
+        server.end(squatting)  # an admin's pg_terminate_backend
+        await until(lambda: leading(b))
+        assert b.metric("schedlock_lock_foreign_holder") == 0 and b.elector.squatted is None
+        await b.stop()
+
+    scenario(body)
+    events = [
+        (r.event, getattr(r, "pid", None))  # type: ignore[attr-defined]
+        for r in caplog.records
+        if str(getattr(r, "event", "")).startswith("lock_")
+        and getattr(r, "event", "") != "lock_session_lost"
+    ]
+    assert events == [("lock_held_by_foreign_role", 4242), ("lock_foreign_holder_gone", 4242)]
+
+
+def test_a_standby_behind_its_own_leader_hears_of_no_foreign_holder() -> None:
+    async def body(server: FakeServer) -> None:
+        a, b = await leader_and_standby(server)
+        assert b.elector.foreign_holder is None
+        assert b.metric("schedlock_lock_foreign_holder") == 0
+        await a.stop()
+        await until(lambda: leading(b))
+        await b.stop()
+
+    scenario(body)
 
 
 def test_a_failed_unlock_is_fatal() -> None:

@@ -8,10 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schedlock.store import ForeignHolder
 from schedlock.store.notices import (
     BIGINT_MAX,
     MAX_PAYLOAD_BYTES,
+    PID_MAX,
+    ROLE_NAME_MAX,
     OutcomesNotice,
+    parse_foreign_holder,
     parse_outcomes,
     parse_rows,
 )
@@ -93,3 +97,47 @@ def test_a_rows_payload_names_a_key_or_nothing(
     payload: str | bytes, key: tuple[str, str, str] | None
 ) -> None:
     assert parse_rows(payload) == key
+
+
+holder_details = payloads | st.lists(
+    st.fixed_dictionaries(
+        {"pid": json_values | st.integers(), "role": json_values | st.text(max_size=80)}
+    ),
+    max_size=4,
+).map(json.dumps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.none() | holder_details)
+def test_no_foreign_holder_detail_raises_and_a_holder_is_a_pid_and_a_role_name(
+    detail: str | bytes | None,
+) -> None:
+    holder = parse_foreign_holder(detail)
+    assert holder is None or (
+        type(holder.pid) is int
+        and 0 < holder.pid <= PID_MAX
+        and isinstance(holder.role, str)
+        and 0 < len(holder.role) <= ROLE_NAME_MAX
+    )
+
+
+@pytest.mark.parametrize(
+    ("detail", "holder"),
+    [
+        ('[{"pid": 812, "role": "tenant_a"}]', ForeignHolder(812, "tenant_a")),
+        # shared holders: the lowest pid
+        ('[{"pid": 9, "role": "b"}, {"pid": 3, "role": "c"}]', ForeignHolder(3, "c")),
+        ('[{"pid": 5, "role": "we\\"ird \\n role"}]', ForeignHolder(5, 'we"ird \n role')),
+        ("[]", None),  # gone
+        ('[{"pid": true, "role": "a"}]', None),
+        ('[{"pid": 0, "role": "a"}]', None),
+        ('[{"pid": 2147483648, "role": "a"}]', None),
+        ('[{"pid": 4, "role": ""}]', None),
+        ('[{"pid": 4, "role": "' + "r" * 64 + '"}]', None),
+        ('{"pid": 4, "role": "a"}', None),
+        ("not json", None),
+        (None, None),
+    ],
+)
+def test_a_foreign_holder_detail_is_read_strictly(detail: str | None, holder: object) -> None:
+    assert parse_foreign_holder(detail) == holder

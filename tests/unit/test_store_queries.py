@@ -46,3 +46,18 @@ def test_sqlite_reads_each_migration_without_postgresql_types() -> None:
     # PostgreSQL alone gets the NOTIFY triggers, in the same migration.
     [first] = [m for m in migrations("postgres") if m.id == 1]
     assert "CREATE TRIGGER schedlock_publishes_notify" in first.sql
+
+
+def test_the_lock_statement_asks_for_a_foreign_holder_only_for_a_key() -> None:
+    """A key's wait names its namespace as hex (any text, nothing to quote); the migration lock
+    and the operator's sync lock (no namespace) look at nobody, and run before the schema."""
+    from schedlock.store.postgres import lock_statement
+
+    plain = lock_statement(1396919371, -5)
+    assert "pg_advisory_lock(1396919371, -5)" in plain
+    assert "schedlock_foreign_lock_holder" not in plain and "{" not in plain
+    hostile = "b'$$; DROP TABLE x; --\n"
+    keyed = lock_statement(1396919371, -5, hostile)
+    assert "schedlock_foreign_lock_holder(1396919371, -5," in keyed
+    assert hostile.encode().hex() in keyed and "DROP" not in keyed
+    assert keyed.count("$$") == 2 and "{" not in keyed

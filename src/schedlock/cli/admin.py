@@ -336,6 +336,11 @@ def status_rows(keys: list[KeyStatus]) -> list[dict[str, Any]]:
             "namespace": k.namespace,
             "target": k.target,
             "leader": k.lock_holder,
+            "foreignHolder": (
+                None
+                if k.foreign_holder_role is None
+                else {"role": k.foreign_holder_role, "pid": k.foreign_holder_pid}
+            ),
             "term": k.term,
             "termHolder": k.holder,
             "since": _iso(k.since),
@@ -361,6 +366,16 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _table_value(row: dict[str, Any], column: str) -> Any:
+    """A row's value as the table shows it: reserves by number, a foreign holder as the
+    leader (whatever application_name it chose, it is not one of the key's sidecars)."""
+    if column == "reserves":
+        return len(row[column])
+    if column == "leader" and (foreign := row["foreignHolder"]) is not None:
+        return f"FOREIGN:{printable(str(foreign['role']), 63)}(pid {foreign['pid']})"
+    return row[column]
+
+
 def render_table(rows: list[dict[str, Any]]) -> str:
     columns = [
         "namespace",
@@ -375,7 +390,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         "nextDue",
         "lastFire",
     ]
-    cells = [[_cell(len(r[c]) if c == "reserves" else r[c]) for c in columns] for r in rows]
+    cells = [[_cell(_table_value(r, c)) for c in columns] for r in rows]
     header = [re.sub(r"([A-Z])", r" \1", c).upper() for c in columns]  # nextDue: NEXT DUE
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
@@ -402,6 +417,24 @@ def hidden_keys_note(served: ServedNamespaces) -> str:
     )
 
 
+def squatting_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line for each key whose lock a session of a role that may not serve its namespace
+    holds (lock squatting: advisory locks have no ACL), saying what to do.  The role name is
+    anyone's choice of characters: printed as printable text."""
+    lines = []
+    for row in rows:
+        if (foreign := row["foreignHolder"]) is not None:
+            pid = foreign["pid"]
+            lines.append(
+                f"{row['scheduler']}/{row['namespace']}/{row['target']}: lock held by role "
+                f"'{printable(str(foreign['role']), 63)}' (backend pid {pid}), which may not "
+                f"serve namespace {row['namespace']}: its rows wait. An admin ends that session "
+                f"with SELECT pg_terminate_backend({pid}); then revoke or rotate that role's "
+                "credential (docs/operations.md, SchedlockLockHeldByForeignRole)"
+            )
+    return lines
+
+
 def cmd_status(db: DatabaseSettings, args: argparse.Namespace) -> int:
     async def read(store: Store) -> tuple[list[KeyStatus], ServedNamespaces]:
         return await store.key_status(), await store.served_namespaces()
@@ -416,6 +449,8 @@ def cmd_status(db: DatabaseSettings, args: argparse.Namespace) -> int:
         print("no lock keys yet: start a sidecar (schedlock sidecar --help)")
     else:
         print(render_table(rows))
+        for line in squatting_lines(rows):
+            print(line)
     return 0
 
 

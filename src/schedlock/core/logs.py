@@ -50,6 +50,8 @@ class Event(StrEnum):
     LEADERSHIP_HANDED_OVER = "leadership_handed_over"
     LOCK_SESSION_LOST = "lock_session_lost"
     CONNECTIONS_REFUSED = "connections_refused"
+    LOCK_HELD_BY_FOREIGN_ROLE = "lock_held_by_foreign_role"
+    LOCK_FOREIGN_HOLDER_GONE = "lock_foreign_holder_gone"
     # sidecar: the app
     TARGET_REACHABLE = "target_reachable"
     TARGET_UNREACHABLE = "target_unreachable"

@@ -100,16 +100,26 @@ class Sidecar:
         if down:
             why = "; ".join(f"{e.key}: {e.last_summary or 'connecting'}" for e in down)
             return False, f"lock sessions not connected: {why}"
+        # Ready all the same in both cases below: the pod's readiness gates the app's traffic.
+        warnings: list[str] = []
+        squatted = [said for e in self.electors if (said := e.squatted)]
+        if squatted:
+            # Lock squatting: a session of another namespace's role holds the key's lock, so
+            # its rows wait.  Said here, never a 503: whoever can hold a lock by hand must not
+            # be able to take this app out of service too.  The alert and the runbook say what
+            # to do (docs/operations.md).
+            warnings.append(
+                "key's lock held by a role that may not serve this namespace, its rows wait "
+                "(an admin ends that session: pg_terminate_backend): " + "; ".join(squatted)
+            )
         refused = [str(e.key) for e in self.electors if e.refused]
         if refused:
-            # Ready all the same: the pod's readiness gates the app's traffic, and a database
-            # out of slots is no reason to take the app out of service.  This replica holds no
-            # session and backs off; the leader and standbys keep theirs.
-            return True, (
-                "ok, as a reserve backing off (database out of connection slots): "
-                + ", ".join(refused)
+            # A database out of slots is no reason to take the app out of service.  This
+            # replica holds no session and backs off; the leader and standbys keep theirs.
+            warnings.append(
+                "as a reserve backing off (database out of connection slots): " + ", ".join(refused)
             )
-        return True, "ok"
+        return True, ("ok, " + "; ".join(warnings)) if warnings else "ok"
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()

@@ -71,6 +71,11 @@ Invariants (docs/architecture.md, "Leadership: the state machine"):
    session after the lease whatever the network does.  The leader heartbeats every
    ``heartbeat_seconds`` and steps down when no heartbeat succeeded for lease minus a margin.
    Sessions per key are at most ``1 + standbys``; reserves hold none.
+   Advisory locks have no ACL: after each slice, the wait asks whether the lock is held by a
+   session whose login role may not serve the key's namespace (lock squatting, migration
+   0009) and the server says each change as a notice while the statement runs, still no
+   query.  A standby records it (``foreign_holder``: /readyz, the metric, the log) until the
+   holder goes, the lock is granted or its wait ends.
 5. Keys and standby places use the two-int4 advisory lock form with fixed class ids
    (``schedlock.store.keys``).
 6. After acquiring, a second transaction must see the lock — and the standby place taken in an
@@ -95,15 +100,19 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from time import time as wall_time
 from typing import Protocol
 
 from schedlock.core.aio import Backoff, Supervisor, now, sleep_unless, unless_set
+from schedlock.core.identities import rfc3339_epoch
 from schedlock.core.logs import Event
+from schedlock.core.redact import printable
 from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.reserve import grace, next_check_in, refused_backoff
 from schedlock.store import (
     ConnectionsExhausted,
+    ForeignHolder,
     LeadershipLost,
     LockKey,
     LockKeyCollision,
@@ -117,6 +126,7 @@ from schedlock.store import (
     UnsafeConnection,
     summary,
 )
+from schedlock.store.notices import ROLE_NAME_MAX
 
 log = logging.getLogger("schedlock.lock")
 
@@ -149,6 +159,8 @@ SAID = {
     Event.LEADERSHIP_ACQUIRED: "acquired leadership",
     Event.LEADERSHIP_RELEASED: "released leadership",
     Event.LEADERSHIP_HANDED_OVER: "app unreachable: handed leadership over",
+    Event.LOCK_HELD_BY_FOREIGN_ROLE: "lock held by a role that may not serve this namespace",
+    Event.LOCK_FOREIGN_HOLDER_GONE: "lock no longer held by a foreign role",
 }
 
 # The role each state exports as ``schedlock_role`` (the others export none).
@@ -220,6 +232,10 @@ class KeyElector:
     last_summary: str | None = field(default=None, init=False)  # the same in words (/readyz)
     refused: str | None = field(default=None, init=False)  # the last refusal, until a connect
     next_check_at: float | None = field(default=None, init=False)  # a reserve's next check
+    # A session of a role that may not serve the namespace holds the key's lock (lock
+    # squatting), as this replica's wait last heard, and since when (Unix time).
+    foreign_holder: ForeignHolder | None = field(default=None, init=False)
+    foreign_since: float | None = field(default=None, init=False)
     _turns: _Turns | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -284,8 +300,12 @@ class KeyElector:
                     self._turns = None
                 self._set_role(Role.STANDBY)
                 if await unless_set(
-                    session.acquire(), stopping, self.app.unreachable, suppress=(StoreError,)
+                    session.acquire(self._heard_holder),
+                    stopping,
+                    self.app.unreachable,
+                    suppress=(StoreError,),
                 ):
+                    self._heard_holder(None, "granted")
                     # The lock is ours: give the standby place back, so a reserve can fill it.
                     await session.leave_standby_place()
                     await self._lead(session, stopping)
@@ -301,6 +321,7 @@ class KeyElector:
                 level = logging.WARNING if self.role is Role.LEADING else logging.INFO
                 self._say(level, Event.LOCK_SESSION_LOST, role=self.role.value, error=str(exc))
             finally:
+                self._heard_holder(None, "wait ended")
                 if self.role is Role.LEADING:
                     self._lost()
                 await session.close()
@@ -347,6 +368,40 @@ class KeyElector:
         self._say(
             logging.WARNING, Event.CONNECTIONS_REFUSED, error=str(exc), retry_in_s=round(wait, 2)
         )
+
+    @property
+    def squatted(self) -> str | None:
+        """Words for ``/readyz`` while a foreign role holds the key's lock (None otherwise):
+        the role as printable text (a role name is anyone's choice of characters)."""
+        holder, since = self.foreign_holder, self.foreign_since
+        if holder is None or since is None:
+            return None
+        return (
+            f"{self.key}: lock held by role '{printable(holder.role, ROLE_NAME_MAX)}' "
+            f"(backend pid {holder.pid}) since {rfc3339_epoch(since, 'seconds')}"
+        )
+
+    def _heard_holder(self, holder: ForeignHolder | None, why: str = "holder changed") -> None:
+        """What this standby's wait heard of who holds the lock: a foreign holder (lock
+        squatting: advisory locks have no ACL) or none.  Said once per change; the session
+        gives no news once its wait ends, so that forgets it (``why``)."""
+        if holder == self.foreign_holder:
+            return
+        before, self.foreign_holder = self.foreign_holder, holder
+        self.metrics.foreign_holder.labels(*self.labels).set(0 if holder is None else 1)
+        if holder is None:
+            assert before is not None
+            self.foreign_since = None
+            self._say(
+                logging.INFO,
+                Event.LOCK_FOREIGN_HOLDER_GONE,
+                role=before.role,
+                pid=before.pid,
+                why=why,
+            )
+            return
+        self.foreign_since = wall_time()
+        self._say(logging.ERROR, Event.LOCK_HELD_BY_FOREIGN_ROLE, role=holder.role, pid=holder.pid)
 
     def _say(self, level: int, event: Event, **fields: object) -> None:
         """Log ``event`` of this key: its message (``SAID``), the key and ``fields``."""

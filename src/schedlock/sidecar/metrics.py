@@ -86,6 +86,14 @@ class SidecarMetrics:
             KEY_LABELS,
             registry=r,
         )
+        self.foreign_holder = Gauge(
+            "schedlock_lock_foreign_holder",
+            "1 while this replica, waiting for the key's lock as a standby, sees it held by a "
+            "session whose login role may not serve the key's namespace (lock squatting: "
+            "advisory locks have no ACL; the key's rows wait), else 0.",
+            KEY_LABELS,
+            registry=r,
+        )
         self.database_up = Gauge(
             "schedlock_database_up",
             "1 when the sidecar's database sessions are connected, else 0.",
@@ -153,6 +161,7 @@ class SidecarMetrics:
         """Export every series of a key from the start, so absent means a dead exporter."""
         labels = (scheduler, namespace, target)
         self.leader.labels(*labels).set(0)
+        self.foreign_holder.labels(*labels).set(0)
         self.term.labels(*labels).set(0)
         self.backlog.labels(*labels).set(0)
         self.oldest_due_age.labels(*labels).set(0)

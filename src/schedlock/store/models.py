@@ -194,6 +194,18 @@ class KeyStatus:
     # the live reserve rows (replicas with no session, checking rarely for a standby place).
     standbys: tuple[str, ...] = ()
     reserves: tuple[str, ...] = ()
+    # A session of a role that may not serve the namespace holding the key's lock (PostgreSQL).
+    foreign_holder_role: str | None = None
+    foreign_holder_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class ForeignHolder:
+    """A session holding a key's advisory lock whose login role may not serve the key's
+    namespace (lock squatting: advisory locks have no ACL; migration 0009)."""
+
+    pid: int  # its backend pid (what `pg_terminate_backend` takes)
+    role: str  # its login role
 
 
 @dataclass(frozen=True)

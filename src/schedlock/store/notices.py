@@ -16,8 +16,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from schedlock.store.models import ForeignHolder
+
 MAX_PAYLOAD_BYTES = 8000  # PostgreSQL's limit for a NOTIFY payload (bytes, in the server encoding)
 BIGINT_MAX = 2**63 - 1
+PID_MAX = 2**31 - 1  # a backend pid is a PostgreSQL integer
+ROLE_NAME_MAX = 63  # NAMEDATALEN - 1: a longer role name is not one
+# The message of the ``lock`` statement's notice when who holds the key's lock changes (its
+# detail: a JSON array of {"pid", "role"}, empty once the foreign holder is gone).
+FOREIGN_HOLDER_NOTICE = "schedlock_foreign_lock_holder"
 # A flood of garbage is said at debug at most once per this many seconds (per listener).
 GARBLED_LOG_SECONDS = 60.0
 
@@ -81,3 +88,28 @@ def parse_rows(payload: str | bytes) -> tuple[str, str, str] | None:
     if len(parts) != 3 or not all(parts):
         return None
     return parts[0], parts[1], parts[2]
+
+
+def parse_foreign_holder(detail: str | bytes | None) -> ForeignHolder | None:
+    """The foreign holder a ``schedlock_foreign_lock_holder`` notice's detail names (the lowest
+    pid when several hold the lock in shared mode), None when it names none or is not one of
+    ours; never raising."""
+    text = None if detail is None else _text(detail)
+    if text is None:
+        return None
+    try:
+        holders = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(holders, list):
+        return None
+    found = [
+        ForeignHolder(pid=h["pid"], role=h["role"])
+        for h in holders
+        if isinstance(h, dict)
+        and type(h.get("pid")) is int
+        and 0 < h["pid"] <= PID_MAX
+        and isinstance(h.get("role"), str)
+        and 0 < len(h["role"]) <= ROLE_NAME_MAX
+    ]
+    return min(found, key=lambda h: h.pid) if found else None

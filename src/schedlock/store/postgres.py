@@ -46,10 +46,12 @@ from schedlock.store.errors import (
 from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
 from schedlock.store.models import (
     EVERY_NAMESPACE,
+    ForeignHolder,
     GrantReport,
     ReserveRoster,
     ServedNamespaces,
 )
+from schedlock.store.notices import FOREIGN_HOLDER_NOTICE, parse_foreign_holder
 from schedlock.store.rows import Codec, Params, Row, from_row, stored_payload
 from schedlock.store.verbs import LockVerbs
 
@@ -164,10 +166,33 @@ async def _guard(call: Awaitable[T]) -> T:
 E = TypeVar("E", bound=StoreError)
 
 
-def lock_statement(classid: int, objid: int) -> str:
+def lock_statement(classid: int, objid: int, namespace: str | None = None) -> str:
     """The ``lock`` statement for these lock ids: waits until granted, never holding a
-    snapshot longer than :data:`LOCK_WAIT_SLICE_MS` (the query says why)."""
-    return Q["lock"].format(classid=int(classid), objid=int(objid), slice_ms=LOCK_WAIT_SLICE_MS)
+    snapshot longer than :data:`LOCK_WAIT_SLICE_MS` (the query says why).  With the key's
+    ``namespace``, each slice also looks at who holds the lock and says a foreign holder in a
+    notice (``lock_after_slice``, :data:`FOREIGN_HOLDER_NOTICE`)."""
+    ids = {"classid": int(classid), "objid": int(objid)}
+    after_slice = (
+        ""
+        if namespace is None
+        else Q["lock_after_slice"].format(**ids, namespace_hex=namespace.encode("utf-8").hex())
+        + ";"
+    )
+    return Q["lock"].format(**ids, slice_ms=LOCK_WAIT_SLICE_MS, after_slice=after_slice)
+
+
+def _foreign_holder_notices(
+    conn: Conn, on_holder: Callable[[ForeignHolder | None], None]
+) -> Callable[[psycopg.errors.Diagnostic], None]:
+    """Hand each foreign-holder notice of the ``lock`` statement to ``on_holder``, as it
+    arrives (psycopg calls notice handlers while the statement still runs)."""
+
+    def handler(diagnostic: psycopg.errors.Diagnostic) -> None:
+        if diagnostic.message_primary == FOREIGN_HOLDER_NOTICE:
+            on_holder(parse_foreign_holder(diagnostic.message_detail))
+
+    conn.add_notice_handler(handler)
+    return handler
 
 
 def _failure(cls: type[E], exc: psycopg.Error, url: str = "", suffix: str = "") -> E:
@@ -558,12 +583,25 @@ class PostgresLockSession(LockVerbs):
 
     # -- leadership -----------------------------------------------------------------------------
 
-    async def acquire(self) -> None:
+    async def acquire(
+        self, on_holder: Callable[[ForeignHolder | None], None] | None = None
+    ) -> None:
         """Block until this session holds the lock (a standby waits here, in one statement:
-        :func:`lock_statement`)."""
+        :func:`lock_statement`).  ``on_holder`` hears, while it waits, of each change of a
+        session holding the lock whose role may not serve the key's namespace (None: gone)."""
         async with self._statement():
             conn = self._require()
-            await _guard(conn.execute(lock_statement(self.key.classid, self.key.objid)))
+            statement = lock_statement(
+                self.key.classid,
+                self.key.objid,
+                None if on_holder is None else self.key.namespace,
+            )
+            handler = None if on_holder is None else _foreign_holder_notices(conn, on_holder)
+            try:
+                await _guard(conn.execute(statement))
+            finally:
+                if handler is not None:
+                    conn.remove_notice_handler(handler)
         await self._verify_session_affinity()
 
     def _local_port(self) -> int | None:

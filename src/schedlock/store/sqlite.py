@@ -24,7 +24,13 @@ from schedlock.store import queries
 from schedlock.store.errors import StoreError, StoreUnavailable
 from schedlock.store.keys import LockKey
 from schedlock.store.migrations import split_statements
-from schedlock.store.models import EVERY_NAMESPACE, GrantReport, ReserveRoster, ServedNamespaces
+from schedlock.store.models import (
+    EVERY_NAMESPACE,
+    ForeignHolder,
+    GrantReport,
+    ReserveRoster,
+    ServedNamespaces,
+)
 from schedlock.store.rows import Codec, Params, Row, iso, stored_payload, text_timestamp
 from schedlock.store.verbs import LockVerbs
 
@@ -187,7 +193,10 @@ class SqliteLockSession(LockVerbs):
     async def close(self) -> None:
         self._connected = False
 
-    async def acquire(self) -> None:
+    async def acquire(
+        self, on_holder: Callable[[ForeignHolder | None], None] | None = None
+    ) -> None:
+        # Nothing to wait for, and no other session that could hold the lock: never calls it.
         return None
 
     async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:

@@ -29,8 +29,12 @@ SELECT current_user AS role, schedlock_served_namespaces(current_user) AS namesp
 -- level may, PostgreSQL 11+; the portal's snapshot is released too, 14+).  A slice that ends
 -- is an error caught here, so the server logs nothing; one statement for the client, however
 -- long it waits, and a grant ends it at once.  No parameters in a DO block: the lock ids are
--- formatted in as integers (lock_statement).
+-- formatted in as integers (lock_statement).  {after_slice}: nothing, or a key's look at who
+-- holds its lock (lock_after_slice).
 DO $$
+DECLARE
+    reported text := '[]';
+    holders text;
 BEGIN
     LOOP
         BEGIN
@@ -40,10 +44,25 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             NULL;
         END;
+        {after_slice}
         COMMIT;
     END LOOP;
 END
 $$;
+
+-- name: lock_after_slice
+-- A key's standby, after each slice of its wait: whether a session of a role that may not serve
+-- the key's namespace holds the lock (migration 0009, lock squatting).  Said to the client as a
+-- NOTICE when the answer changes (a JSON array of {pid, role}, '[]' once gone), so the
+-- standby's client still runs one statement and no query; the notice arrives while it runs.
+-- The namespace is formatted in as hex (any text, no quoting to get wrong).
+holders := coalesce((SELECT json_agg(json_build_object('pid', h.pid, 'role', h.role))::text
+                     FROM schedlock_foreign_lock_holder({classid}, {objid},
+                         convert_from(decode('{namespace_hex}', 'hex'), 'UTF8')) AS h), '[]');
+IF holders IS DISTINCT FROM reported THEN
+    reported := holders;
+    RAISE NOTICE USING MESSAGE = 'schedlock_foreign_lock_holder', DETAIL = holders;
+END IF;
 
 -- name: unlock
 SELECT pg_advisory_unlock(%(classid)s, %(objid)s) AS released;
@@ -260,7 +279,9 @@ FROM s WHERE p.schedule_id = s.id AND p.state IN ('scheduled', 'suspended')
 RETURNING p.id;
 
 -- name: key_sessions
--- Who holds each key's lock and who waits for it (pg_locks), and its live reserves.
+-- Who holds each key's lock and who waits for it (pg_locks), its live reserves, and a holder of
+-- its lock whose role may not serve its namespace (migration 0009; as a definer function, so
+-- that a role under row-level security is told too).
 SELECT t.scheduler, t.namespace, t.target,
        (SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
         WHERE l.locktype = 'advisory' AND l.classid = t.lock_classid::oid
@@ -276,8 +297,12 @@ SELECT t.scheduler, t.namespace, t.target,
        ARRAY(SELECT r.holder FROM schedlock_reserves r
              WHERE r.scheduler = t.scheduler AND r.namespace = t.namespace
                AND r.target = t.target AND r.expires_at > now()
-             ORDER BY r.holder) AS reserves
-FROM schedlock_terms t;
+             ORDER BY r.holder) AS reserves,
+       f.role AS foreign_holder_role, f.pid AS foreign_holder_pid
+FROM schedlock_terms t
+LEFT JOIN LATERAL (SELECT h.role, h.pid
+                   FROM schedlock_foreign_lock_holder(t.lock_classid, t.lock_objid, t.namespace) h
+                   LIMIT 1) AS f ON true;
 
 -- name: publishes_by_id
 SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,

@@ -1,0 +1,3 @@
+-- loses data: no (functions only)
+-- 0009 lock holders, undone: PostgreSQL's part drops its functions and gives
+-- schedlock_served_namespaces() back its 0008 body (0009_lock_holders.down.postgres.sql).

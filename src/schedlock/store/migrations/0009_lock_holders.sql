@@ -1,0 +1,6 @@
+-- additive: yes (functions only: binaries of schema 8 run unchanged on it and simply never ask)
+-- 0009 lock holders: advisory locks have no ACL, so any role can hold a key's lock ids by hand
+-- (lock squatting) and the key's rows wait behind it.  It cannot be prevented; it is detected:
+-- PostgreSQL's part (0009_lock_holders.postgres.sql) adds schedlock_foreign_lock_holder(), which
+-- a key's waiting standbys and `schedlock status` ask.  SQLite has no roles and no other
+-- session (one process owns the file): nothing to add there.

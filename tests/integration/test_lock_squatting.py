@@ -1,0 +1,159 @@
+"""Lock squatting seen by the store (migration 0009): a session of a role that may not serve a
+key's namespace holding the key's advisory lock is named, with its backend pid, to the key's
+waiting standby (a notice while its one ``lock`` statement runs) and to ``key_status()`` —
+never a session of a role that serves the namespace.  Real PostgreSQL, real roles.
+
+The whole story with real sidecars and passwords is in test_compromised_pod.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from schedlock.store import ForeignHolder, LockKey, open_store
+from testbed.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
+
+KEY = LockKey("publish", "team-b", "demo")
+SQUATTER = "squatter_a"  # a sidecar role of namespace team-a only
+B_OPERATOR = "operator_b"  # an operator role scoped to namespace team-b
+
+
+@pytest.fixture
+def squatted(migrated_database: str, postgres: PostgresService) -> str:
+    for role in (SQUATTER, B_OPERATOR):
+        if not postgres.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", role):
+            postgres.execute(f'CREATE ROLE "{role}" LOGIN')
+    store = open_store(migrated_database)
+
+    async def grant() -> None:
+        await store.grant(sidecar_role=SQUATTER, operator_role=None, namespaces=["team-a"])
+        await store.grant(sidecar_role=None, operator_role=B_OPERATOR, namespaces=["team-b"])
+        # B's key is registered by B's sidecar (the all-namespace role of the template)
+        session = open_store(as_role(migrated_database, SIDECAR_ROLE)).lock_session(KEY, "b", 15)
+        await session.connect()
+        await session.close()
+        await store.close()
+
+    asyncio.run(grant())
+    return migrated_database
+
+
+def hold_by_hand(url: str, role: str) -> psycopg.Connection[tuple[object, ...]]:
+    """A session of ``role`` holding KEY's lock, as `SELECT pg_advisory_lock(…)` by hand."""
+    conn = psycopg.connect(as_role(url, role), autocommit=True)
+    conn.execute("SELECT pg_advisory_lock(%s, %s)", (KEY.classid, KEY.objid))
+    return conn
+
+
+def backend_pid(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    return conn.info.backend_pid
+
+
+def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
+    squatted: str, postgres: PostgresService
+) -> None:
+    squatter = hold_by_hand(squatted, SQUATTER)
+    pid = backend_pid(squatter)
+    heard: list[ForeignHolder | None] = []
+
+    async def run() -> None:
+        standby = open_store(as_role(squatted, SIDECAR_ROLE)).lock_session(KEY, "b-standby", 15)
+        await standby.connect()
+        told = asyncio.Event()
+
+        def on_holder(holder: ForeignHolder | None) -> None:
+            heard.append(holder)
+            told.set()
+
+        waiting = asyncio.create_task(standby.acquire(on_holder))
+        await asyncio.wait_for(told.wait(), 15)  # within a slice or two of the wait
+        assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]
+        assert not waiting.done()
+        # The admin's status and a role scoped to team-b both name the holder.
+        for url in (squatted, as_role(squatted, B_OPERATOR)):
+            store = open_store(url)
+            (status,) = [k for k in await store.key_status() if k.namespace == "team-b"]
+            await store.close()
+            assert (status.foreign_holder_role, status.foreign_holder_pid) == (SQUATTER, pid)
+        # An admin ends the squatting session: the standby is granted the lock at once.
+        assert postgres.terminate_backend(pid)
+        await asyncio.wait_for(waiting, 15)
+        await standby.release(None)
+        await standby.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        squatter.close()
+    assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]  # said once, not every slice
+
+
+def test_a_holder_that_serves_the_namespace_is_never_foreign(squatted: str) -> None:
+    """B's own leader, or a role serving every namespace, holds the lock: nothing is said."""
+    honest = hold_by_hand(squatted, SIDECAR_ROLE)
+    heard: list[ForeignHolder | None] = []
+
+    async def run() -> None:
+        standby = open_store(as_role(squatted, SIDECAR_ROLE)).lock_session(KEY, "b-standby", 15)
+        await standby.connect()
+        waiting = asyncio.create_task(standby.acquire(heard.append))
+        # Wait for 3 slices of the wait to have looked (the server's count of the standby's
+        # transactions), then stop waiting.
+        for _ in range(100):
+            if await _slices_done(squatted, "b-standby") >= 3:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the standby's wait never went through 3 slices")
+        honest.close()
+        await asyncio.wait_for(waiting, 15)
+        store = open_store(squatted)
+        (status,) = [k for k in await store.key_status() if k.namespace == "team-b"]
+        await store.close()
+        assert status.foreign_holder_role is None and status.foreign_holder_pid is None
+        await standby.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        honest.close()
+    assert heard == []
+
+
+async def _slices_done(url: str, application_name: str) -> int:
+    """How many times the waiting standby's statement started a new transaction (one per
+    slice of its wait): xact_start moves forward at each COMMIT of the DO block."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT extract(epoch FROM xact_start - query_start) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (application_name,),
+        )
+        row = await cur.fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
+
+
+def test_the_function_answers_only_a_caller_that_serves_the_namespace(squatted: str) -> None:
+    """No role learns another namespace's mapping through it: the squatter asking about B's key
+    while holding it hears nothing."""
+    squatter = hold_by_hand(squatted, SQUATTER)
+    try:
+        with psycopg.connect(as_role(squatted, SQUATTER), autocommit=True) as conn:
+            asked = conn.execute(
+                "SELECT * FROM schedlock_foreign_lock_holder(%s, %s, %s)",
+                (KEY.classid, KEY.objid, KEY.namespace),
+            ).fetchall()
+            assert asked == []
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT schedlock_role_namespaces(%s)", (SIDECAR_ROLE,))
+        with psycopg.connect(as_role(squatted, OPERATOR_ROLE), autocommit=True) as conn:
+            asked = conn.execute(
+                "SELECT role FROM schedlock_foreign_lock_holder(%s, %s, %s)",
+                (KEY.classid, KEY.objid, KEY.namespace),
+            ).fetchall()
+            assert asked == [(SQUATTER,)]  # the all-namespace operator role of the template
+    finally:
+        squatter.close()
