@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from schedlock.store import MigrationRefused, SchemaTooNew, ensure_schema, open_store
-from schedlock.store.migrations import latest_id, migrations
+from schedlock.store.migrations import latest_id, migrations, split_statements
 from testbed.pg_fixtures import PostgresService
 from testbed.schemas import pg_definitions, pg_schema, sqlite_schema, sqlite_triggers
 
@@ -98,7 +98,10 @@ def test_down_to_each_migration_and_up_again_is_a_fresh_replay(databases: Databa
         url = databases.new()
         assert migrate(url, to=n) == list(range(1, n + 1))
         fresh[n] = databases.schema(url)
-    assert all(fresh[n] != fresh[n + 1] for n in range(LATEST))  # each migration shows
+    # Each migration shows, unless it does nothing in this dialect (a PostgreSQL-only one: the
+    # column grants' functions and policies have no SQLite counterpart, SQLite has no roles).
+    acts = [bool(split_statements(m.sql)) for m in migrations(databases.dialect)]
+    assert all(fresh[n] != fresh[n + 1] for n in range(LATEST) if acts[n])
     url = databases.new()
     assert migrate(url) == list(range(1, LATEST + 1))
     assert databases.schema(url) == fresh[LATEST]

@@ -21,3 +21,50 @@ def test_a_scoped_grant_names_its_namespaces() -> None:
     lines = grant_report(GrantReport(serves={"a": ("billing", "shop"), "b": ("*", "shop")}))
     assert "a may serve namespaces billing, shop only (row-level security)" in lines
     assert any(line.startswith("b may serve every namespace (also listed: shop;") for line in lines)
+
+
+def test_a_sidecar_grant_says_whether_its_table_wide_writes_remain() -> None:
+    report = GrantReport(
+        serves={"kept": ("a",), "narrowed": ("b",), "both": ("*",)},
+        table_wide=["kept"],
+        narrowed=["narrowed"],
+        kept_broad=["both"],
+    )
+    lines = grant_report(report)
+    assert (
+        "kept still holds the table-wide INSERT/UPDATE of an earlier release (its sidecars need "
+        "them): once every sidecar under it runs this release, narrow it with "
+        "`schedlock migrate --grant-sidecar kept --narrow`"
+    ) in lines
+    assert (
+        "narrowed: revoked the table-wide INSERT/UPDATE of earlier releases; it may update "
+        "only the columns a sidecar's loops change"
+    ) in lines
+    assert any(line.startswith("both is an operator's role too") for line in lines)
+
+
+def test_column_privileges_are_checked_column_by_column() -> None:
+    from schedlock.store.postgres import SIDECAR_GRANTS, privilege_checks
+
+    checks = privilege_checks(
+        (
+            ("SELECT, UPDATE (state, term)", ("TABLE t",)),
+            ("EXECUTE", ("FUNCTION f(text)",)),
+        )
+    )
+    assert checks == [
+        ("has_table_privilege", ("t", "SELECT"), "SELECT on t"),
+        ("has_column_privilege", ("t", "state", "UPDATE"), "UPDATE (state) on t"),
+        ("has_column_privilege", ("t", "term", "UPDATE"), "UPDATE (term) on t"),
+        ("has_function_privilege", ("f(text)", "EXECUTE"), "EXECUTE on f(text)"),
+    ]
+    # A sidecar may update none of the columns that make a row what it is.
+    updatable = {
+        (args[0], args[1])
+        for probe, args, _ in privilege_checks(SIDECAR_GRANTS)
+        if probe == "has_column_privilege" and args[2] == "UPDATE"
+    }
+    for column in ("payload", "due_at", "target", "namespace", "name", "uid", "max_attempts"):
+        assert ("schedlock_publishes", column) not in updatable
+        assert ("schedlock_schedules", column) not in updatable
+    assert ("schedlock_terms", "term") not in updatable
