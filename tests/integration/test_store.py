@@ -675,11 +675,12 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
     # Granted again by this release without --narrow (sidecars of the release before may
     # still run under it): it keeps them, and is told how to narrow.
     report = asyncio.run(owner.grant(sidecar_role=sidecar, operator_role=None))
-    assert report.table_wide == [sidecar] and report.narrowed == []
+    assert report.table_wide == [sidecar] and report.narrowed == report.columns_only == []
     with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
         assert conn.execute(rewrite, ("before",)).rowcount == 1
     report = asyncio.run(owner.grant(sidecar_role=sidecar, operator_role=None, narrow=True))
-    assert report.narrowed == [sidecar] and report.kept_broad == report.table_wide == []
+    assert report.narrowed == report.columns_only == [sidecar]
+    assert report.kept_broad == report.table_wide == []
     fired = asyncio.run(fire_both("after"))
     assert "after" in fired and any(uid.startswith("s-after@") for uid in fired)
     with (

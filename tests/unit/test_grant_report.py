@@ -25,9 +25,10 @@ def test_a_scoped_grant_names_its_namespaces() -> None:
 
 def test_a_sidecar_grant_says_whether_its_table_wide_writes_remain() -> None:
     report = GrantReport(
-        serves={"kept": ("a",), "narrowed": ("b",), "both": ("*",)},
+        serves={"kept": ("a",), "narrowed": ("b",), "both": ("*",), "new": ("c",)},
         table_wide=["kept"],
         narrowed=["narrowed"],
+        columns_only=["narrowed", "new"],
         kept_broad=["both"],
     )
     lines = grant_report(report)
@@ -36,10 +37,13 @@ def test_a_sidecar_grant_says_whether_its_table_wide_writes_remain() -> None:
         "them): once every sidecar under it runs this release, narrow it with "
         "`schedlock migrate --grant-sidecar kept --narrow`"
     ) in lines
-    assert (
-        "narrowed: revoked the table-wide INSERT/UPDATE of earlier releases; it may update "
-        "only the columns a sidecar's loops change"
-    ) in lines
+    columns = (
+        "may update only the columns a sidecar's loops change; slot rows and term bumps go "
+        "through the schema's functions"
+    )
+    assert f"new {columns}" in lines
+    assert f"narrowed {columns} (revoked the table-wide INSERT/UPDATE of earlier releases)" in lines
+    assert not any(line.startswith(("kept may update", "both may update")) for line in lines)
     assert any(line.startswith("both is an operator's role too") for line in lines)
 
 

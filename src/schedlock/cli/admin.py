@@ -203,10 +203,15 @@ def grant_report(report: GrantReport) -> list[str]:
     lines = []
     for role, served in report.serves.items():
         lines.append(f"granted runtime privileges to {role}")
-        if role in report.narrowed:
+        if role in report.columns_only:
+            revoked = (
+                " (revoked the table-wide INSERT/UPDATE of earlier releases)"
+                if role in report.narrowed
+                else ""
+            )
             lines.append(
-                f"{role}: revoked the table-wide INSERT/UPDATE of earlier releases; it may "
-                "update only the columns a sidecar's loops change"
+                f"{role} may update only the columns a sidecar's loops change; slot rows and "
+                f"term bumps go through the schema's functions{revoked}"
             )
         if role in report.table_wide:
             lines.append(

@@ -217,6 +217,8 @@ class GrantReport:
     """Each role granted to, and every namespace it may serve now (``*``: every one)."""
     revoked_public_create: str | None = None
     """The schema from which CREATE was revoked from PUBLIC (None: PUBLIC could not create)."""
+    columns_only: list[str] = field(default_factory=list)
+    """Sidecar roles that may now update only the columns a sidecar's loops change."""
     narrowed: list[str] = field(default_factory=list)
     """Sidecar roles whose table-wide writes (earlier releases' grants) were revoked, leaving
     the columns and functions of migration 0009 (``--narrow``)."""

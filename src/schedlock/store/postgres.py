@@ -411,8 +411,11 @@ async def _narrow_sidecar(
                     )
                 )
         report.narrowed.append(role)
+        report.columns_only.append(role)
     elif found["table_wide"]:
         report.table_wide.append(role)
+    else:
+        report.columns_only.append(role)
 
 
 class PostgresLockSession(LockVerbs):
