@@ -598,19 +598,6 @@ def test_upgrading_to_namespace_roles_keeps_granted_roles_on_every_namespace(
     assert visible() == {"team-a": 2}
 
 
-# What `migrate --grant-sidecar ROLE` granted before the column grants (the release before
-# them): table-wide writes on the rows, and every namespace ('*').
-TABLE_WIDE_SIDECAR_GRANTS = (
-    "GRANT SELECT, INSERT, UPDATE, DELETE ON schedlock_publishes, schedlock_terms TO {role}",
-    "GRANT SELECT, UPDATE, DELETE ON schedlock_schedules TO {role}",
-    "GRANT SELECT ON schedlock_migrations TO {role}",
-    "GRANT USAGE ON SEQUENCE schedlock_publishes_id_seq TO {role}",
-    "GRANT SELECT, INSERT, UPDATE, DELETE ON schedlock_reserves TO {role}",
-    "GRANT SELECT, UPDATE ON schedlock_maintenance TO {role}",
-    "INSERT INTO schedlock_namespace_roles (role, namespace) VALUES ('{name}', '*')",
-)
-
-
 def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_again(
     database: str, postgres: PostgresService, runtime_roles: tuple[str, str]
 ) -> None:
@@ -622,13 +609,12 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
     down gives them back."""
     from schedlock.core.identities import slot_uid
     from schedlock.store.migrations import latest_id
-    from testbed.pg_fixtures import as_role
+    from testbed.pg_fixtures import as_role, grant_table_wide
 
     sidecar = runtime_roles[0]
     owner = open_store(database)
     asyncio.run(owner.migrate(to=latest_id("postgres") - 1))
-    for grant in TABLE_WIDE_SIDECAR_GRANTS:
-        postgres.execute(grant.format(role=f'"{sidecar}"', name=sidecar), url=database)
+    grant_table_wide(postgres, database, sidecar)
     asyncio.run(owner.migrate())
     recurring = LockKey("recurring", "default", "demo")
     rewrite = "UPDATE schedlock_publishes SET payload = '{\"evil\": 1}' WHERE uid = %s"
