@@ -396,6 +396,21 @@ def test_the_slot_function_takes_only_a_schedule_a_may_serve_at_its_current_term
     assert fetch(tenancy.admin, forged, own) == [(0,)]
 
 
+def test_a_bumps_no_term_of_its_own_without_holding_the_keys_lock(tenancy: Tenancy) -> None:
+    """Only the session holding a key's lock starts a term (A's sidecar holds A's): a term
+    bumped from outside would supersede the leader's fenced writes mid-delivery."""
+    terms = "SELECT scheduler, term, holder FROM schedlock_terms WHERE namespace = %s ORDER BY 1"
+    before = fetch(tenancy.admin, terms, NS_A)
+    with as_a(tenancy) as conn:
+        for scheduler in ("publish", "recurring"):
+            bumped = conn.execute(
+                "SELECT * FROM schedlock_begin_term(%s, %s, 'demo', 'attacker')",
+                (scheduler, NS_A),
+            )
+            assert bumped.fetchall() == [], scheduler
+    assert fetch(tenancy.admin, terms, NS_A) == before
+
+
 def test_a_deletes_only_its_own_finished_rows(tenancy: Tenancy) -> None:
     tenancy.server.psql(
         "INSERT INTO schedlock_publishes (namespace, name, uid, target, due_at, "

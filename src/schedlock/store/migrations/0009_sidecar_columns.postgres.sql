@@ -51,7 +51,9 @@ $$;
 -- The term bump, right after acquiring the key's lock: the term goes up by one and names the
 -- holder; nothing else of the row changes.  How long the key was leaderless is reported (from
 -- the previous term's last heartbeat or release, on the database clock).  No row (nothing
--- bumped) for a key of a namespace the session's role may not serve.
+-- bumped) for a key of a namespace the session's role may not serve, or when this session does
+-- not hold the key's lock: only the leader starts a term (a term bumped from outside would end
+-- the leader's fenced writes).  Read once per term, pg_locks costs nothing on the hot path.
 CREATE FUNCTION schedlock_begin_term(scheduler text, namespace text, target text, holder text)
 RETURNS TABLE (term bigint, previous_holder text, gap_seconds double precision,
                previous_released boolean)
@@ -60,6 +62,10 @@ LANGUAGE sql VOLATILE SECURITY DEFINER AS $$
         SELECT p.term, p.holder, p.heartbeat_at, p.released_at FROM schedlock_terms p
         WHERE p.scheduler = $1 AND p.namespace = $2 AND p.target = $3
           AND schedlock_session_serves($2)
+          AND EXISTS (SELECT 1 FROM pg_locks l
+                      WHERE l.locktype = 'advisory' AND l.classid = p.lock_classid::oid
+                        AND l.objid = p.lock_objid::oid AND l.objsubid = 2
+                        AND l.pid = pg_backend_pid() AND l.granted)
         FOR UPDATE
     ), bumped AS (
         UPDATE schedlock_terms t
