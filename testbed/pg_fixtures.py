@@ -127,7 +127,7 @@ SIDECAR_ROLE = "schedlock_sidecar"
 OPERATOR_ROLE = "schedlock_operator"
 
 
-# What `migrate --grant-sidecar ROLE` granted before the column grants (migration 0009): writes
+# What `migrate --grant-sidecar ROLE` granted before the column grants (migration 0010): writes
 # on whole tables, and every namespace ('*').
 TABLE_WIDE_SIDECAR_GRANTS = (
     "GRANT SELECT, INSERT, UPDATE, DELETE ON schedlock_publishes, schedlock_terms TO {role}",

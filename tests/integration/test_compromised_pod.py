@@ -10,7 +10,7 @@ as a compromised app container holding ``SCHEDLOCK_DATABASE_URL`` would) and by 
 Each is refused or matches no row; at the end every row of B fired once to B's app with the
 payload it was written with, and A's honest sidecar fired every row of A.
 
-Within its own namespace too (least privilege, migration 0009): A's role may change only the
+Within its own namespace too (least privilege, migration 0010): A's role may change only the
 columns its loops change, writes a slot row or a term only through the schema's functions
 (which copy the slot from its schedule and check the namespace), inserts no publishes row and
 deletes only finished rows — while A's honest sidecar, granted by this release's CLI, fires A's
@@ -181,7 +181,7 @@ def test_a_reads_nothing_of_b(tenancy: Tenancy) -> None:
 
 # Each statement as A's role against B's rows: matched no row (row-level security, 0008), or
 # refused outright, before any row is looked at, for writing a column A's role may not write
-# at all (0009).  The columns A may write are tried too, so row-level security is shown.
+# at all (0010).  The columns A may write are tried too, so row-level security is shown.
 @pytest.mark.parametrize(
     ("statement", "refused"),
     [
@@ -232,7 +232,7 @@ def test_a_changes_no_row_of_b(tenancy: Tenancy, statement: str, refused: bool) 
 
 def test_a_cannot_write_a_row_into_b(tenancy: Tenancy) -> None:
     with as_a(tenancy) as conn:
-        # No INSERT on the publishes at all (0009): a slot row only through the function.
+        # No INSERT on the publishes at all (0010): a slot row only through the function.
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match=NOT_GRANTED):
             conn.execute(
                 "INSERT INTO schedlock_publishes (namespace, name, uid, target, due_at, "

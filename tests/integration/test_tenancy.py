@@ -51,7 +51,7 @@ def test_sidecars_only_fire_their_own_namespace(tmp_path: Path, migrated_databas
 def test_a_sidecar_role_of_the_release_before_fires_through_the_column_grants(
     tmp_path: Path, database: str, postgres: PostgresService, runtime_roles: tuple[str, str]
 ) -> None:
-    """The upgrade to the column grants (migration 0009) with a real sidecar under a role the
+    """The upgrade to the column grants (migration 0010) with a real sidecar under a role the
     release before granted table-wide: it fires one-shot rows and a schedule's slots on the new
     schema as it was granted, and goes on firing, without a restart, when the owner narrows the
     role (`--grant-sidecar ROLE --narrow`); after that the role may not rewrite a payload."""

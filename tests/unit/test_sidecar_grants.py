@@ -1,4 +1,4 @@
-"""A sidecar's grants (migration 0009): column privileges checked column by column, and what
+"""A sidecar's grants (migration 0010): column privileges checked column by column, and what
 `schedlock migrate --grant-sidecar` says about a role's table-wide writes."""
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ class GrantReport:
     """Sidecar roles that may now update only the columns a sidecar's loops change."""
     narrowed: list[str] = field(default_factory=list)
     """Sidecar roles whose table-wide writes (earlier releases' grants) were revoked, leaving
-    the columns and functions of migration 0009 (``--narrow``)."""
+    the columns and functions of migration 0010 (``--narrow``)."""
     table_wide: list[str] = field(default_factory=list)
     """Sidecar roles that still hold an earlier release's table-wide writes (no ``--narrow``)."""
     kept_broad: list[str] = field(default_factory=list)

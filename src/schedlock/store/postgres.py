@@ -97,7 +97,7 @@ UNSAFE_POOLER = (
 # No role but the owner gets DDL.  A sidecar changes only the columns its loops change (claim,
 # complete, orphans; heartbeat, release, last fire; a schedule's progress; its roster row) and
 # never a row's payload, due time, target, namespace, name, uid or attempt limit: the writes
-# that cross those lines go through migration 0009's functions (a slot row copied from its
+# that cross those lines go through migration 0010's functions (a slot row copied from its
 # schedule, the term bump).  It registers a key with the key's own columns only (0008's policy
 # holds them to the key's lock ids).
 SIDECAR_GRANTS = (
@@ -132,9 +132,9 @@ SIDECAR_GRANTS = (
         ),
     ),
 )
-# What releases before migration 0009 granted a sidecar and this one narrows to columns and
+# What releases before migration 0010 granted a sidecar and this one narrows to columns and
 # functions: revoked by `migrate --grant-sidecar` (never by the migration, so that binaries of
-# schema 8 keep running until the owner re-grants), unless the role holds the operator's too.
+# schemas 8 and 9 keep running until the owner re-grants), unless the role holds the operator's too.
 SIDECAR_NARROWED = (
     ("INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_terms")),
     ("UPDATE", ("TABLE schedlock_schedules", "TABLE schedlock_reserves")),
@@ -393,7 +393,7 @@ def privilege_checks(grants: Grants) -> list[tuple[str, tuple[str, ...], str]]:
 async def _narrow_sidecar(
     conn: Conn, role: str, report: GrantReport, *, also_operator: str | None, narrow: bool
 ) -> None:
-    """With ``narrow``, revoke what releases before migration 0009 granted a sidecar beyond its
+    """With ``narrow``, revoke what releases before migration 0010 granted a sidecar beyond its
     columns and functions (:data:`SIDECAR_NARROWED`), unless the role is the operator's too: it
     writes whole rows (its privileges would be revoked with them).  Without, only tell whether
     the role still holds them."""
@@ -920,7 +920,7 @@ class PostgresConnector:
         record the namespaces it may serve (migration 0008's mapping, which row-level security
         enforces): ``namespaces`` added to the role's, or with ``only`` in place of all of them;
         none: every namespace (``*``, single-tenant).  A sidecar's role gets the columns its
-        loops change and migration 0009's functions; with ``narrow`` the table-wide writes an
+        loops change and migration 0010's functions; with ``narrow`` the table-wide writes an
         earlier release granted it are revoked too (only once no sidecar of an earlier release
         runs under it: those write the columns and rows themselves).
 

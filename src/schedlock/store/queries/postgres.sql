@@ -134,7 +134,7 @@ SELECT set_config('idle_session_timeout', %(lease_ms)s, false),
 -- name: begin_term
 -- Bump the term right after acquiring; report how long the key was leaderless (from the
 -- previous term's last heartbeat or release, on the database clock).  Through the function of
--- migration 0009: a sidecar's role may not write a term itself (no UPDATE of that column).
+-- migration 0010: a sidecar's role may not write a term itself (no UPDATE of that column).
 SELECT term, previous_holder, gap_seconds, previous_released
 FROM schedlock_begin_term(%(scheduler)s, %(namespace)s, %(target)s, %(holder)s);
 
@@ -230,7 +230,7 @@ SELECT count(*) AS completed,
 FROM done;
 
 -- name: insert_slot
--- Through the function of migration 0009, which copies the slot's row from the schedule row
+-- Through the function of migration 0010, which copies the slot's row from the schedule row
 -- (a sidecar's role has no INSERT on the publishes) and derives the slot uid as
 -- schedlock.core.identities.slot_uid does: a row when the slot was inserted, none otherwise.
 SELECT inserted
@@ -284,7 +284,7 @@ SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS exists;
 -- name: sidecar_writes
 -- A role granted as a sidecar: whether it writes whole rows as the operator too (INSERT on the
 -- schedules, which no sidecar has: `migrate --grant-sidecar --narrow` leaves its table-wide
--- writes), and whether it still holds the table-wide writes of releases before migration 0009.
+-- writes), and whether it still holds the table-wide writes of releases before migration 0010.
 SELECT has_table_privilege(%(role)s, 'schedlock_schedules', 'INSERT') AS operator,
        has_table_privilege(%(role)s, 'schedlock_publishes', 'UPDATE')
        OR has_table_privilege(%(role)s, 'schedlock_publishes', 'INSERT') AS table_wide;

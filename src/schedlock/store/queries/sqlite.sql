@@ -85,7 +85,7 @@ SELECT changes() AS completed;
 
 -- name: insert_slot
 -- A recurring schedule's active slot row, copied from the schedule (PostgreSQL: the function
--- schedlock_insert_slot of migration 0009 does the same).  Slot identity is unique per
+-- schedlock_insert_slot of migration 0010 does the same).  Slot identity is unique per
 -- (schedule, slot time): the uid is schedule uid @ slot time.
 -- A schedule whose payload is over the bound (older than migration 0007, whose trigger would
 -- refuse the slot and with it the key's whole wake-up) gets no slot.

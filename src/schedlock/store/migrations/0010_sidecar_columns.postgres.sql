@@ -1,10 +1,10 @@
--- 0009 sidecar columns, PostgreSQL: the functions a sidecar's role calls for the writes its
+-- 0010 sidecar columns, PostgreSQL: the functions a sidecar's role calls for the writes its
 -- column privileges do not allow, and DELETE kept to finished rows.
 --
 -- The privileges themselves are granted by `schedlock migrate --grant-sidecar ROLE` (this
 -- release's SIDECAR_GRANTS, schedlock.store.postgres): UPDATE of the columns its loops change
 -- only, no INSERT on the publishes, EXECUTE on these functions.  This migration revokes nothing
--- a role holds, so binaries of schema 8 keep running until the owner re-grants.
+-- a role holds, so binaries of schemas 8 and 9 keep running until the owner re-grants.
 
 -- Whether the SESSION's role may serve NAMESPACE: asked inside the SECURITY DEFINER functions
 -- below, where current_user is their owner.  session_user is the role that logged in (a
