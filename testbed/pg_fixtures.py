@@ -127,6 +127,26 @@ SIDECAR_ROLE = "schedlock_sidecar"
 OPERATOR_ROLE = "schedlock_operator"
 
 
+# What `migrate --grant-sidecar ROLE` granted before the column grants (migration 0010): writes
+# on whole tables, and every namespace ('*').
+TABLE_WIDE_SIDECAR_GRANTS = (
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON schedlock_publishes, schedlock_terms TO {role}",
+    "GRANT SELECT, UPDATE, DELETE ON schedlock_schedules TO {role}",
+    "GRANT SELECT ON schedlock_migrations TO {role}",
+    "GRANT USAGE ON SEQUENCE schedlock_publishes_id_seq TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON schedlock_reserves TO {role}",
+    "GRANT SELECT, UPDATE ON schedlock_maintenance TO {role}",
+    "INSERT INTO schedlock_namespace_roles (role, namespace) VALUES ('{name}', '*')",
+)
+
+
+def grant_table_wide(postgres: PostgresService, url: str, role: str) -> None:
+    """Grant ``role`` what a sidecar's role held before the column grants, on the schema
+    before them (the upgrade's starting point)."""
+    for grant in TABLE_WIDE_SIDECAR_GRANTS:
+        postgres.execute(grant.format(role=f'"{role}"', name=role), url=url)
+
+
 def as_role(url: str, role: str) -> str:
     """The same database URL, connecting as ROLE (the test server trusts local logins)."""
     parts = urlsplit(url)

@@ -10,6 +10,12 @@ as a compromised app container holding ``SCHEDLOCK_DATABASE_URL`` would) and by 
 Each is refused or matches no row; at the end every row of B fired once to B's app with the
 payload it was written with, and A's honest sidecar fired every row of A.
 
+Within its own namespace too (least privilege, migration 0010): A's role may change only the
+columns its loops change, writes a slot row or a term only through the schema's functions
+(which copy the slot from its schedule and check the namespace), inserts no publishes row and
+deletes only finished rows — while A's honest sidecar, granted by this release's CLI, fires A's
+one-shot rows and the slots of A's schedule, takes its terms and keeps its reserves' roster.
+
 The whole module runs twice: on a database as PostgreSQL 15+ creates it, and on one whose
 ``public`` schema grants CREATE to PUBLIC (PostgreSQL 14 and older, upgraded databases), which
 ``migrate --grant-…`` revokes and says so.
@@ -52,6 +58,8 @@ TABLES = ("schedlock_publishes", "schedlock_schedules", "schedlock_terms", "sche
 B_ROWS, A_ROWS = 20, 10
 RUNTIME_ENV = {"SCHEDLOCK_MIGRATE": "off"}  # a runtime role has no DDL
 REFUSED_BY_POLICY = "violates row-level security policy"
+NOT_GRANTED = "permission denied"
+A_SCHEDULE = "rec-a"  # an @every schedule of A's: its slots are 'rec-a@<time>'
 
 
 @dataclass
@@ -127,7 +135,15 @@ def tenancy(
         insert_rows(admin, A_ROWS, start_in=8, spacing=0.1, namespace=NS_A, prefix="a")
         server.psql(
             "INSERT INTO schedlock_schedules (namespace, name, uid, target, expression, state) "
-            f"VALUES ('{NS_B}', 'b-nightly', 'b-nightly', 'demo', '0 3 * * *', 'suspended')",
+            f"VALUES ('{NS_B}', 'b-nightly', 'b-nightly', 'demo', '0 3 * * *', 'suspended'), "
+            # active, and never due while the module runs: a schedule A tries to take a slot of
+            f"('{NS_B}', 'b-yearly', 'b-yearly', 'demo', '0 0 1 1 *', 'active'), "
+            f"('{NS_A}', '{A_SCHEDULE}', '{A_SCHEDULE}', 'demo', '@every 2s', 'active')",
+            dbname="tenants",
+        )
+        server.psql(
+            f'UPDATE schedlock_schedules SET payload = \'{{"s": "a"}}\' '
+            f"WHERE uid = '{A_SCHEDULE}'",
             dbname="tenants",
         )
         yield tenancy
@@ -152,6 +168,7 @@ def b_rows(tenancy: Tenancy, table: str) -> int:
 def test_the_grant_scopes_each_role_and_says_what_it_did(tenancy: Tenancy) -> None:
     said = tenancy.granted[ROLE_A]
     assert f"{ROLE_A} may serve namespace {NS_A} only" in said
+    assert f"{ROLE_A} may update only the columns a sidecar's loops change" in said
     assert "every namespace" not in said
     revoked = "revoked CREATE on schema public from PUBLIC"
     # The first grant revokes what PUBLIC had; the second finds nothing left to revoke.
@@ -172,35 +189,61 @@ def test_a_reads_nothing_of_b(tenancy: Tenancy) -> None:
         assert own == ([],)
 
 
+# Each statement as A's role against B's rows: matched no row (row-level security, 0008), or
+# refused outright, before any row is looked at, for writing a column A's role may not write
+# at all (0010).  The columns A may write are tried too, so row-level security is shown.
 @pytest.mark.parametrize(
-    "statement",
+    ("statement", "refused"),
     [
-        "UPDATE schedlock_publishes SET payload = '{\"evil\": true}', next_attempt_at = now() "
-        "WHERE namespace = %s",
-        "UPDATE schedlock_publishes SET state = 'failed' WHERE namespace = %s",
-        "UPDATE schedlock_schedules SET payload = '{\"evil\": true}', state = 'active' "
-        "WHERE namespace = %s",
-        "UPDATE schedlock_terms SET term = term + 1, holder = 'attacker' WHERE namespace = %s",
-        "UPDATE schedlock_reserves SET expires_at = now() WHERE namespace = %s",
-        "DELETE FROM schedlock_publishes WHERE namespace = %s",
-        "DELETE FROM schedlock_schedules WHERE namespace = %s",
-        "DELETE FROM schedlock_terms WHERE namespace = %s",
-        "DELETE FROM schedlock_reserves WHERE namespace = %s",
+        (
+            "UPDATE schedlock_publishes SET payload = '{\"evil\": true}', "
+            "next_attempt_at = now() WHERE namespace = %s",
+            True,
+        ),
+        ("UPDATE schedlock_publishes SET next_attempt_at = now() WHERE namespace = %s", False),
+        ("UPDATE schedlock_publishes SET state = 'failed' WHERE namespace = %s", False),
+        (
+            "UPDATE schedlock_schedules SET payload = '{\"evil\": true}', state = 'active' "
+            "WHERE namespace = %s",
+            True,
+        ),
+        ("UPDATE schedlock_schedules SET next_slot_at = now() WHERE namespace = %s", False),
+        (
+            "UPDATE schedlock_terms SET term = term + 1, holder = 'attacker' WHERE namespace = %s",
+            True,
+        ),
+        ("UPDATE schedlock_terms SET heartbeat_at = NULL WHERE namespace = %s", False),
+        ("UPDATE schedlock_reserves SET expires_at = now() WHERE namespace = %s", False),
+        ("DELETE FROM schedlock_publishes WHERE namespace = %s", False),
+        ("DELETE FROM schedlock_schedules WHERE namespace = %s", False),
+        ("DELETE FROM schedlock_terms WHERE namespace = %s", False),
+        ("DELETE FROM schedlock_reserves WHERE namespace = %s", False),
+        ("SELECT * FROM schedlock_begin_term('publish', %s, 'demo', 'attacker')", False),
+        ("SELECT * FROM schedlock_begin_term('recurring', %s, 'demo', 'attacker')", False),
     ],
-    ids=lambda s: " ".join(s.split()[:2]) + " " + s.split()[2 if s.startswith("U") else 3],
+    ids=lambda v: (
+        " ".join(v.split()[:2]) + " " + v.split()[2 if v.startswith("U") else 3][:30]
+        if isinstance(v, str)
+        else ("refused" if v else "0-rows")
+    ),
 )
-def test_a_changes_no_row_of_b(tenancy: Tenancy, statement: str) -> None:
+def test_a_changes_no_row_of_b(tenancy: Tenancy, statement: str, refused: bool) -> None:
     terms = "SELECT scheduler, term, holder FROM schedlock_terms WHERE namespace = %s ORDER BY 1"
     before = fetch(tenancy.admin, terms, NS_B)
     with as_a(tenancy) as conn:
-        assert conn.execute(statement, (NS_B,)).rowcount == 0
+        if refused:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match=NOT_GRANTED):
+                conn.execute(statement, (NS_B,))
+        else:
+            assert conn.execute(statement, (NS_B,)).rowcount == 0
     # B's leaders run undisturbed all along: no term of B moves, none names the attacker.
     assert fetch(tenancy.admin, terms, NS_B) == before
 
 
 def test_a_cannot_write_a_row_into_b(tenancy: Tenancy) -> None:
     with as_a(tenancy) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=REFUSED_BY_POLICY):
+        # No INSERT on the publishes at all (0010): a slot row only through the function.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=NOT_GRANTED):
             conn.execute(
                 "INSERT INTO schedlock_publishes (namespace, name, uid, target, due_at, "
                 "next_attempt_at, payload) VALUES (%s, 'forged', 'forged-1', 'demo', now(), "
@@ -213,8 +256,8 @@ def test_a_cannot_write_a_row_into_b(tenancy: Tenancy) -> None:
                 "VALUES (%s, 'forged', 'forged-s', 'demo', '@every 1s')",
                 (NS_B,),
             )
-        # Moving one of its own rows there is the same write.
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=REFUSED_BY_POLICY):
+        # Moving one of its own rows there: the namespace is not a column it may update.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=NOT_GRANTED):
             conn.execute(
                 "UPDATE schedlock_publishes SET namespace = %s WHERE namespace = %s",
                 (NS_B, NS_A),
@@ -284,19 +327,180 @@ def test_a_role_creates_nothing_in_the_schema(tenancy: Tenancy) -> None:
             conn.execute("INSERT INTO schedlock_namespace_roles VALUES (%s, %s)", (ROLE_A, NS_B))
 
 
+@pytest.mark.parametrize(
+    ("table", "assignment"),
+    [
+        ("schedlock_publishes", "payload = '{\"evil\": true}'"),
+        ("schedlock_publishes", "due_at = now()"),
+        ("schedlock_publishes", "target = 'elsewhere'"),
+        ("schedlock_publishes", "namespace = namespace"),
+        ("schedlock_publishes", "max_attempts = 100"),
+        ("schedlock_publishes", "name = 'renamed'"),
+        ("schedlock_publishes", "uid = uid || '-x'"),
+        ("schedlock_schedules", "payload = '{\"evil\": true}'"),
+        ("schedlock_schedules", "expression = '@every 1s'"),
+        ("schedlock_schedules", "target = 'elsewhere'"),
+        ("schedlock_schedules", "state = 'active'"),
+        ("schedlock_terms", "term = term + 1"),
+        ("schedlock_terms", "holder = 'attacker'"),
+        ("schedlock_terms", "lock_objid = lock_objid + 1"),
+    ],
+    ids=lambda v: v.split()[0].removeprefix("schedlock_"),
+)
+def test_a_cannot_rewrite_its_own_rows_beyond_the_columns_its_loops_change(
+    tenancy: Tenancy, table: str, assignment: str
+) -> None:
+    with (
+        as_a(tenancy) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match=NOT_GRANTED),
+    ):
+        conn.execute(f"UPDATE {table} SET {assignment} WHERE namespace = %s", (NS_A,))
+
+
+def test_a_cannot_insert_a_row_into_its_own_namespace(tenancy: Tenancy) -> None:
+    with (
+        as_a(tenancy) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match=NOT_GRANTED),
+    ):
+        conn.execute(
+            "INSERT INTO schedlock_publishes (namespace, name, uid, target, due_at, "
+            "next_attempt_at, payload) VALUES (%s, 'forged', 'forged-a', 'demo', now(), "
+            "now(), '{\"evil\": true}')",
+            (NS_A,),
+        )
+    assert not fetch(tenancy.admin, "SELECT 1 FROM schedlock_publishes WHERE uid = 'forged-a'")
+
+
+def test_the_slot_function_takes_only_a_schedule_a_may_serve_at_its_current_term(
+    tenancy: Tenancy,
+) -> None:
+    def schedule_id(uid: str) -> int:
+        return int(
+            fetch(tenancy.admin, "SELECT id FROM schedlock_schedules WHERE uid = %s", uid)[0][0]
+        )
+
+    def recurring_term(namespace: str) -> int:
+        found = fetch(
+            tenancy.admin,
+            "SELECT term FROM schedlock_terms WHERE scheduler = 'recurring' AND namespace = %s "
+            "AND target = 'demo'",
+            namespace,
+        )
+        return int(found[0][0])
+
+    b_yearly, own = schedule_id("b-yearly"), schedule_id(A_SCHEDULE)
+    attempts = [
+        (b_yearly, recurring_term(NS_B)),  # B's schedule, at B's real term
+        (10**12, recurring_term(NS_A)),  # a schedule id that does not exist
+        (own, -1),  # A's own schedule, at a term that is not its key's
+    ]
+    with as_a(tenancy) as conn:
+        for schedule, term in attempts:
+            inserted = conn.execute(
+                "SELECT schedlock_insert_slot(%s, now() + interval '1 hour', %s, 16384)",
+                (schedule, term),
+            ).fetchone()
+            assert inserted == (0,), (schedule, term)
+    forged = "SELECT count(*) FROM schedlock_publishes WHERE schedule_id = %s AND due_at > now()"
+    assert fetch(tenancy.admin, forged, b_yearly) == [(0,)]
+    assert fetch(tenancy.admin, forged, own) == [(0,)]
+
+
+def test_a_bumps_no_term_of_its_own_without_holding_the_keys_lock(tenancy: Tenancy) -> None:
+    """Only the session holding a key's lock starts a term (A's sidecar holds A's): a term
+    bumped from outside would supersede the leader's fenced writes mid-delivery."""
+    terms = "SELECT scheduler, term, holder FROM schedlock_terms WHERE namespace = %s ORDER BY 1"
+    before = fetch(tenancy.admin, terms, NS_A)
+    with as_a(tenancy) as conn:
+        for scheduler in ("publish", "recurring"):
+            bumped = conn.execute(
+                "SELECT * FROM schedlock_begin_term(%s, %s, 'demo', 'attacker')",
+                (scheduler, NS_A),
+            )
+            assert bumped.fetchall() == [], scheduler
+    assert fetch(tenancy.admin, terms, NS_A) == before
+
+
+def test_a_deletes_only_its_own_finished_rows(tenancy: Tenancy) -> None:
+    tenancy.server.psql(
+        "INSERT INTO schedlock_publishes (namespace, name, uid, target, due_at, "
+        "next_attempt_at, state, updated_at) SELECT "
+        f"'{NS_A}', 'old', 'old-a-' || n, 'demo', now() - interval '2 days', "
+        "now() - interval '2 days', 'published', now() - interval '2 days' "
+        "FROM generate_series(1, 3) AS n",
+        dbname="tenants",
+    )
+    with as_a(tenancy) as conn:
+        live = "state IN ('scheduled', 'firing', 'suspended')"
+        gone = conn.execute(
+            f"DELETE FROM schedlock_publishes WHERE namespace = %s AND {live}", (NS_A,)
+        )
+        assert gone.rowcount == 0
+        gone = conn.execute("DELETE FROM schedlock_schedules WHERE namespace = %s", (NS_A,))
+        assert gone.rowcount == 0  # active
+        gone = conn.execute("DELETE FROM schedlock_terms WHERE namespace = %s", (NS_A,))
+        assert gone.rowcount == 0  # its sidecar holds the keys' locks
+        gone = conn.execute(
+            "DELETE FROM schedlock_publishes WHERE namespace = %s AND uid LIKE 'old-a-%%'", (NS_A,)
+        )
+        assert gone.rowcount == 3
+    assert fetch(
+        tenancy.admin, "SELECT count(*) FROM schedlock_schedules WHERE uid = %s", A_SCHEDULE
+    ) == [(1,)]
+
+
+def test_a_keeps_its_own_reserves_roster(tenancy: Tenancy) -> None:
+    key = LockKey("publish", NS_A, "spare")
+    mine = "SELECT count(*) FROM schedlock_reserves WHERE holder = 'a-reserve'"
+
+    async def enlist_and_leave() -> None:
+        session = open_store(tenancy.url_a).lock_session(key, "a-reserve", 15)
+        await session.connect()  # registers the key: its own columns only
+        try:
+            await session.enlist_reserve(30, 10)
+            await session.enlist_reserve(30, 10)  # a refresh: an update of its times
+            assert fetch(tenancy.admin, mine) == [(1,)]
+            assert (await session.reserve_roster()).reserves == 1
+            await session.leave_reserves()
+            assert fetch(tenancy.admin, mine) == [(0,)]
+        finally:
+            await session.close()
+
+    asyncio.run(enlist_and_leave())
+
+
 def test_every_row_fires_to_its_own_app(tenancy: Tenancy) -> None:
     """Last: after every attack above, B's rows all fired once, to B's app, as written."""
     assert tenancy.team_a is not None and tenancy.team_b is not None
     assert tenancy.team_a.receiver is not None and tenancy.team_b.receiver is not None
     wait_published(tenancy.admin, "b", B_ROWS, timeout=60)
     wait_published(tenancy.admin, "a", A_ROWS, timeout=60)
+    published_slots = (
+        "SELECT count(*) FROM schedlock_publishes WHERE uid LIKE %s AND state = 'published'"
+    )
+    wait_for(
+        lambda: fetch(tenancy.admin, published_slots, f"{A_SCHEDULE}@%")[0][0] >= 2,
+        timeout=30,
+        what="two slots of A's schedule published",
+    )
     got_b, got_a = tenancy.team_b.receiver.entries(), tenancy.team_a.receiver.entries()
+    slots = [e for e in got_a if str(e["uid"]).startswith(f"{A_SCHEDULE}@")]
+    got_a = [e for e in got_a if e not in slots]
+    # A's slots, written by the function from A's schedule: its payload, to A's app.
+    assert len(slots) >= 2 and all(e["payload"] == {"s": "a"} for e in slots)
+    assert {e["namespace"] for e in slots} == {NS_A}
+    # A's sidecar took its keys' terms (through the term function) and leads them.
+    terms = "SELECT scheduler, term, holder FROM schedlock_terms WHERE namespace = %s AND target = 'demo'"
+    a_terms = fetch(tenancy.admin, terms, NS_A)
+    assert {t[0] for t in a_terms} == {"publish", "recurring"}
+    assert all(t[1] >= 1 and t[2] in {s.name for s in tenancy.team_a} for t in a_terms)
     assert sorted(e["uid"] for e in got_b) == sorted(f"b-{i}" for i in range(B_ROWS))
     assert {e["namespace"] for e in got_b} == {NS_B}
     assert all(e["payload"] == {"n": int(e["uid"][2:])} for e in got_b)
     assert {str(e["holder"]) for e in got_b} <= {s.name for s in tenancy.team_b}
     assert sorted(e["uid"] for e in got_a) == sorted(f"a-{i}" for i in range(A_ROWS))
     assert {e["namespace"] for e in got_a} == {NS_A}
+    assert all(e["payload"] == {"n": int(e["uid"][2:])} for e in got_a)
     assert row_states(tenancy.admin, "b") == {"published": B_ROWS}
 
 

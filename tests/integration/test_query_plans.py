@@ -222,7 +222,9 @@ def scoped_role(postgres: PostgresService, history: str) -> str:
     if not exists:
         postgres.execute(f'CREATE ROLE "{SCOPED_ROLE}" LOGIN')
     store = open_store(history)
-    grant = store.grant(sidecar_role=SCOPED_ROLE, operator_role=None, namespaces=["default"])
+    # Both components' grants: it plans the sidecar's verbs and the operator's (cancel_schedule
+    # writes a schedule's state, a column no sidecar may write since migration 0010).
+    grant = store.grant(sidecar_role=SCOPED_ROLE, operator_role=SCOPED_ROLE, namespaces=["default"])
     asyncio.run(grant)
     return SCOPED_ROLE
 

@@ -596,3 +596,86 @@ def test_upgrading_to_namespace_roles_keeps_granted_roles_on_every_namespace(
     only = store.grant(sidecar_role=sidecar, operator_role=None, namespaces=["team-a"], only=True)
     assert asyncio.run(only).serves == {sidecar: ("team-a",)}
     assert visible() == {"team-a": 2}
+
+
+def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_again(
+    database: str, postgres: PostgresService, runtime_roles: tuple[str, str]
+) -> None:
+    """The column grants' migration is additive: a sidecar role granted table-wide by the
+    release before keeps firing one-shot and recurring rows on the new schema (its table-wide
+    writes cover the columns; the migration gives it EXECUTE on the new functions).  Granting
+    it again with this release keeps them (old sidecars may still run under it) until
+    ``--narrow``: then the same verbs still run, a payload write does not; taking the schema
+    down gives them back."""
+    from schedlock.core.identities import slot_uid
+    from schedlock.store.migrations import latest_id
+    from testbed.pg_fixtures import as_role, grant_table_wide
+
+    sidecar = runtime_roles[0]
+    owner = open_store(database)
+    asyncio.run(owner.migrate(to=latest_id("postgres") - 1))
+    grant_table_wide(postgres, database, sidecar)
+    asyncio.run(owner.migrate())
+    recurring = LockKey("recurring", "default", "demo")
+    rewrite = "UPDATE schedlock_publishes SET payload = '{\"evil\": 1}' WHERE uid = %s"
+
+    async def fire_both(uid: str) -> list[str]:
+        """One one-shot row and one slot of an active schedule, fired under the role."""
+        admin = open_store(database)
+        await admin.upsert_publish(spec(uid, due_in=-1))
+        await admin.upsert_schedule(
+            ScheduleSpec(
+                namespace="default", name="s", uid=f"s-{uid}", target="demo", expression="@every 1m"
+            )
+        )
+        store = open_store(as_role(database, sidecar))
+        assert await store.missing_privileges("sidecar") == (sidecar, [])
+        fired = []
+        for key in (KEY, recurring):
+            session = store.lock_session(key, f"holder-{uid}", 10)
+            await session.connect()
+            await session.acquire()
+            term = (await session.begin_term()).term
+            if key is recurring:
+                (due,) = [d for d in await session.due_schedules(10) if d.uid == f"s-{uid}"]
+                slot_at = due.db_now.replace(microsecond=123456) - timedelta(seconds=1)
+                assert await session.insert_slot(term, due.id, slot_uid(due.uid, slot_at), slot_at)
+                # Derived in the database exactly as the sidecar derives it.
+                assert await admin.get_publish(slot_uid(due.uid, slot_at)) is not None
+            claimed = (await session.claim_due(term, 10)).rows
+            await session.complete(
+                term, [Completion(r.id, "published", status=200) for r in claimed]
+            )
+            fired += [r.uid for r in claimed]
+            await session.heartbeat(term)
+            await session.release(term)
+            await session.close()
+        await store.close()
+        await admin.close()
+        return fired
+
+    fired = asyncio.run(fire_both("before"))
+    assert "before" in fired and any(uid.startswith("s-before@") for uid in fired)
+    with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
+        assert conn.execute(rewrite, ("before",)).rowcount == 1  # table-wide: not narrowed yet
+    # Granted again by this release without --narrow (sidecars of the release before may
+    # still run under it): it keeps them, and is told how to narrow.
+    report = asyncio.run(owner.grant(sidecar_role=sidecar, operator_role=None))
+    assert report.table_wide == [sidecar] and report.narrowed == report.columns_only == []
+    with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
+        assert conn.execute(rewrite, ("before",)).rowcount == 1
+    report = asyncio.run(owner.grant(sidecar_role=sidecar, operator_role=None, narrow=True))
+    assert report.narrowed == report.columns_only == [sidecar]
+    assert report.kept_broad == report.table_wide == []
+    fired = asyncio.run(fire_both("after"))
+    assert "after" in fired and any(uid.startswith("s-after@") for uid in fired)
+    with (
+        psycopg.connect(as_role(database, sidecar), autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute(rewrite, ("after",))
+    # Taken down again (a rollback), the role has its table-wide writes back: the binaries of
+    # the release before run under it without a grant of their own.
+    asyncio.run(owner.migrate(to=latest_id("postgres") - 1))
+    with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
+        assert conn.execute(rewrite, ("after",)).rowcount == 1

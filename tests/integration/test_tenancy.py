@@ -1,10 +1,18 @@
-"""Tenancy: rows of namespace A are never delivered by the sidecars of namespace B."""
+"""Tenancy: rows of namespace A are never delivered by the sidecars of namespace B; a sidecar
+role of the release before the column grants keeps firing through them."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-from testbed.rows import insert_rows, row_states
+import psycopg
+import pytest
+
+from schedlock.store import open_store
+from schedlock.store.migrations import latest_id
+from testbed.pg_fixtures import PostgresService, as_role, grant_table_wide
+from testbed.rows import insert_rows, row_states, wait_published
 from testbed.sidecars import SidecarGroup, wait_for
 
 
@@ -38,3 +46,55 @@ def test_sidecars_only_fire_their_own_namespace(tmp_path: Path, migrated_databas
     finally:
         team_a.stop()
         team_b.stop()
+
+
+def test_a_sidecar_role_of_the_release_before_fires_through_the_column_grants(
+    tmp_path: Path, database: str, postgres: PostgresService, runtime_roles: tuple[str, str]
+) -> None:
+    """The upgrade to the column grants (migration 0010) with a real sidecar under a role the
+    release before granted table-wide: it fires one-shot rows and a schedule's slots on the new
+    schema as it was granted, and goes on firing, without a restart, when the owner narrows the
+    role (`--grant-sidecar ROLE --narrow`); after that the role may not rewrite a payload."""
+    sidecar_role = runtime_roles[0]
+    owner = open_store(database)
+    asyncio.run(owner.migrate(to=latest_id("postgres") - 1))
+    grant_table_wide(postgres, database, sidecar_role)
+    asyncio.run(owner.migrate())
+    postgres.execute(
+        "INSERT INTO schedlock_schedules (namespace, name, uid, target, expression, state) "
+        "VALUES ('default', 'tick', 'tick', 'demo', '@every 1s', 'active')",
+        url=database,
+    )
+    slots = (
+        "SELECT count(*) FROM schedlock_publishes WHERE uid LIKE 'tick@%' AND state = 'published'"
+    )
+
+    def slots_published() -> int:
+        return int(postgres.execute(slots, url=database)[0][0])
+
+    group = SidecarGroup(
+        tmp_path,
+        as_role(database, sidecar_role),
+        replicas=1,
+        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+    ).start()
+    try:
+        insert_rows(database, 5, start_in=0.2, prefix="before")
+        wait_published(database, "before", 5)
+        wait_for(lambda: slots_published() >= 1, timeout=30, what="a slot fired")
+        report = asyncio.run(
+            owner.grant(sidecar_role=sidecar_role, operator_role=None, narrow=True)
+        )
+        assert report.narrowed == [sidecar_role]
+        fired = slots_published()
+        insert_rows(database, 5, start_in=0.2, prefix="after")
+        wait_published(database, "after", 5)
+        wait_for(lambda: slots_published() >= fired + 2, timeout=30, what="slots after narrowing")
+        assert group.sidecars[0].alive()
+    finally:
+        group.stop()
+    with (
+        psycopg.connect(as_role(database, sidecar_role), autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("UPDATE schedlock_publishes SET payload = '{}' WHERE uid = 'after-1'")

@@ -168,6 +168,8 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
         raise CommandError(
             "--namespace and --only go with --grant-sidecar or --grant-operator", EXIT_BAD_SETTING
         )
+    if args.narrow and not args.grant_sidecar:
+        raise CommandError("--narrow goes with --grant-sidecar", EXIT_BAD_SETTING)
 
     async def migrate(store: Store) -> tuple[list[int], SchemaStatus] | MigrationRefused:
         try:
@@ -180,6 +182,7 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
                 operator_role=args.grant_operator,
                 namespaces=namespaces,
                 only=args.only,
+                narrow=args.narrow,
             )
             if report.serves:
                 print("\n".join(grant_report(report)))
@@ -196,10 +199,32 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
 
 def grant_report(report: GrantReport) -> list[str]:
     """What ``schedlock migrate --grant-…`` says it did: per role, the namespaces it may serve
-    now; then what it revoked from PUBLIC."""
+    now and, for a sidecar's, whether its writes were narrowed to columns; then what it revoked
+    from PUBLIC."""
     lines = []
     for role, served in report.serves.items():
         lines.append(f"granted runtime privileges to {role}")
+        if role in report.columns_only:
+            revoked = (
+                " (revoked the table-wide INSERT/UPDATE of earlier releases)"
+                if role in report.narrowed
+                else ""
+            )
+            lines.append(
+                f"{role} may update only the columns a sidecar's loops change; slot rows and "
+                f"term bumps go through the schema's functions{revoked}"
+            )
+        if role in report.table_wide:
+            lines.append(
+                f"{role} still holds the table-wide INSERT/UPDATE of an earlier release (its "
+                "sidecars need them): once every sidecar under it runs this release, narrow it "
+                f"with `schedlock migrate --grant-sidecar {role} --narrow`"
+            )
+        if role in report.kept_broad:
+            lines.append(
+                f"{role} is an operator's role too: it keeps the operator's table-wide writes "
+                "(grant the sidecars a role of their own to narrow them to columns)"
+            )
         if EVERY_NAMESPACE in served:
             also = [ns for ns in served if ns != EVERY_NAMESPACE]
             listed = f" (also listed: {', '.join(also)}; --only drops the rest)" if also else ""
@@ -524,6 +549,13 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         help="with --grant-*: the namespaces given become all the role may serve, dropping "
         "the others (the '*' an upgrade or a plain grant recorded too): how an existing "
         "all-namespace install is scoped, docs/operations.md",
+    )
+    migrate.add_argument(
+        "--narrow",
+        action="store_true",
+        help="with --grant-sidecar: also revoke the table-wide INSERT/UPDATE an earlier release "
+        "granted the role, leaving only the columns a sidecar's loops change (run it once no "
+        "sidecar of an earlier release runs under the role), docs/operations.md",
     )
 
     publish = add_command(

@@ -246,6 +246,15 @@ class GrantReport:
     """Each role granted to, and every namespace it may serve now (``*``: every one)."""
     revoked_public_create: str | None = None
     """The schema from which CREATE was revoked from PUBLIC (None: PUBLIC could not create)."""
+    columns_only: list[str] = field(default_factory=list)
+    """Sidecar roles that may now update only the columns a sidecar's loops change."""
+    narrowed: list[str] = field(default_factory=list)
+    """Sidecar roles whose table-wide writes (earlier releases' grants) were revoked, leaving
+    the columns and functions of migration 0010 (``--narrow``)."""
+    table_wide: list[str] = field(default_factory=list)
+    """Sidecar roles that still hold an earlier release's table-wide writes (no ``--narrow``)."""
+    kept_broad: list[str] = field(default_factory=list)
+    """Sidecar roles left with table-wide writes because they are the operator's role too."""
 
 
 @dataclass(frozen=True)

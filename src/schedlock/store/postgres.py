@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC
@@ -98,15 +100,55 @@ UNSAFE_POOLER = (
 )
 
 
-# Least privileges per runtime role: (privileges, objects). No role but the owner gets DDL.
+# Least privileges per runtime role: (privileges, objects); a privilege may name its columns.
+# No role but the owner gets DDL.  A sidecar changes only the columns its loops change (claim,
+# complete, orphans; heartbeat, release, last fire; a schedule's progress; its roster row) and
+# never a row's payload, due time, target, namespace, name, uid or attempt limit: the writes
+# that cross those lines go through migration 0010's functions (a slot row copied from its
+# schedule, the term bump).  It registers a key with the key's own columns only (0008's policy
+# holds them to the key's lock ids).
 SIDECAR_GRANTS = (
-    ("SELECT, INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_terms")),
-    ("SELECT, UPDATE", ("TABLE schedlock_schedules",)),
-    ("SELECT", ("TABLE schedlock_migrations",)),
-    ("USAGE", ("SEQUENCE schedlock_publishes_id_seq",)),
+    (
+        "SELECT",
+        (
+            "TABLE schedlock_publishes",
+            "TABLE schedlock_terms",
+            "TABLE schedlock_schedules",
+            "TABLE schedlock_migrations",
+        ),
+    ),
+    (
+        "UPDATE (state, attempts, term, holder, next_attempt_at, last_status, last_error, "
+        "fired_at, finished_at, updated_at)",
+        ("TABLE schedlock_publishes",),
+    ),
+    ("INSERT (scheduler, namespace, target, lock_classid, lock_objid)", ("TABLE schedlock_terms",)),
+    ("UPDATE (heartbeat_at, released_at, last_fire_at)", ("TABLE schedlock_terms",)),
+    (
+        "UPDATE (watermark_at, next_slot_at, last_slot_at, updated_at)",
+        ("TABLE schedlock_schedules",),
+    ),
     # Reserves enlist, refresh and prune their own key's roster rows (no session held).
-    ("SELECT, INSERT, UPDATE, DELETE", ("TABLE schedlock_reserves",)),
+    ("SELECT, INSERT, DELETE", ("TABLE schedlock_reserves",)),
+    ("UPDATE (checked_at, next_check_at, expires_at)", ("TABLE schedlock_reserves",)),
+    (
+        "EXECUTE",
+        (
+            "FUNCTION schedlock_insert_slot(bigint, timestamptz, bigint, integer)",
+            "FUNCTION schedlock_begin_term(text, text, text, text)",
+        ),
+    ),
 )
+# What releases before migration 0010 granted a sidecar and this one narrows to columns and
+# functions: revoked by `migrate --grant-sidecar` (never by the migration, so that binaries of
+# schemas 8 and 9 keep running until the owner re-grants), unless the role holds the operator's too.
+SIDECAR_NARROWED = (
+    ("INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_terms")),
+    ("UPDATE", ("TABLE schedlock_schedules", "TABLE schedlock_reserves")),
+    ("USAGE", ("SEQUENCE schedlock_publishes_id_seq",)),
+)
+# A privilege and, in parentheses, its columns: "UPDATE (state, term)".
+_PRIVILEGE = re.compile(r"(\w+)(?:\s*\(([^)]*)\))?")
 OPERATOR_GRANTS = (
     ("SELECT, INSERT, UPDATE", ("TABLE schedlock_publishes", "TABLE schedlock_schedules")),
     ("SELECT", ("TABLE schedlock_terms", "TABLE schedlock_migrations", "TABLE schedlock_reserves")),
@@ -115,6 +157,7 @@ OPERATOR_GRANTS = (
     ("SELECT, INSERT, UPDATE", ("TABLE schedlock_sync_cursors",)),
 )
 GRANTS = {"sidecar": SIDECAR_GRANTS, "operator": OPERATOR_GRANTS}
+Grants = tuple[tuple[str, tuple[str, ...]], ...]
 # Pruning (schedlock.store.retention), granted with the rest but not required to start: a role
 # without them runs as before and only cannot prune (its log says so, with the fix).
 PRUNE_GRANTS = (
@@ -354,7 +397,55 @@ async def _no_public_create(conn: Conn, report: GrantReport) -> GrantReport:
             f"(granted to them or to a role they belong to): revoke it "
             f"(REVOKE CREATE ON SCHEMA {schema} FROM …) so that a runtime role has no DDL"
         )
-    return GrantReport(serves=report.serves, revoked_public_create=revoked)
+    return dataclasses.replace(report, revoked_public_create=revoked)
+
+
+def privilege_checks(grants: Grants) -> list[tuple[str, tuple[str, ...], str]]:
+    """Per privilege of ``grants``: the ``has_…_privilege`` function that tells whether the
+    current role holds it, its arguments, and what the privilege is called when missing (a
+    column privilege per column: a table-wide one, as earlier releases granted, includes it)."""
+    checks: list[tuple[str, tuple[str, ...], str]] = []
+    for privileges, objects in grants:
+        for obj in objects:
+            kind, name = obj.split(" ", 1)
+            for match in _PRIVILEGE.finditer(privileges):
+                privilege, columns = match.group(1), match.group(2)
+                if columns is None:
+                    probe = f"has_{kind.lower()}_privilege"
+                    checks.append((probe, (name, privilege), f"{privilege} on {name}"))
+                    continue
+                for column in (c.strip() for c in columns.split(",")):
+                    label = f"{privilege} ({column}) on {name}"
+                    checks.append(("has_column_privilege", (name, column, privilege), label))
+    return checks
+
+
+async def _narrow_sidecar(
+    conn: Conn, role: str, report: GrantReport, *, also_operator: str | None, narrow: bool
+) -> None:
+    """With ``narrow``, revoke what releases before migration 0010 granted a sidecar beyond its
+    columns and functions (:data:`SIDECAR_NARROWED`), unless the role is the operator's too: it
+    writes whole rows (its privileges would be revoked with them).  Without, only tell whether
+    the role still holds them."""
+    cur = await conn.execute(Q["sidecar_writes"], {"role": role})
+    found = await cur.fetchone()
+    assert found is not None
+    if role == also_operator or found["operator"]:
+        report.kept_broad.append(role)
+    elif narrow:
+        for privileges, objects in SIDECAR_NARROWED:
+            for obj in objects:
+                await conn.execute(
+                    sql.SQL("REVOKE {} ON {} FROM {}").format(
+                        sql.SQL(privileges), sql.SQL(obj), sql.Identifier(role)
+                    )
+                )
+        report.narrowed.append(role)
+        report.columns_only.append(role)
+    elif found["table_wide"]:
+        report.table_wide.append(role)
+    else:
+        report.columns_only.append(role)
 
 
 class PostgresLockSession(LockVerbs):
@@ -866,11 +957,15 @@ class PostgresConnector:
         operator_role: str | None,
         namespaces: Sequence[str] = (),
         only: bool = False,
+        narrow: bool = False,
     ) -> GrantReport:
         """Grant the least privileges each runtime role needs (run as the schema owner) and
         record the namespaces it may serve (migration 0008's mapping, which row-level security
         enforces): ``namespaces`` added to the role's, or with ``only`` in place of all of them;
-        none: every namespace (``*``, single-tenant).
+        none: every namespace (``*``, single-tenant).  A sidecar's role gets the columns its
+        loops change and migration 0010's functions; with ``narrow`` the table-wide writes an
+        earlier release granted it are revoked too (only once no sidecar of an earlier release
+        runs under it: those write the columns and rows themselves).
 
         Neither role gets DDL: sidecars read and move rows, take locks and record terms; the
         operator writes rows, schedules and its sync cursor, and reads terms.  CREATE on the
@@ -894,6 +989,10 @@ class PostgresConnector:
                         f"role {role!r} does not exist: create it first (CREATE ROLE …)"
                     )
                 async with conn.transaction():
+                    if role == sidecar_role:
+                        await _narrow_sidecar(
+                            conn, role, report, also_operator=operator_role, narrow=narrow
+                        )
                     for privileges, objects in grants:
                         for obj in objects:
                             await conn.execute(
@@ -926,20 +1025,12 @@ class PostgresConnector:
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         """The connected role and which of ``component``'s grants it lacks (e.g.
         ``INSERT on schedlock_publishes``); owners and superusers lack none."""
-        checks = [
-            (privilege, kind, name)
-            for privileges, objects in GRANTS[component]
-            for obj in objects
-            for kind, name in [obj.split(" ", 1)]
-            for privilege in privileges.split(", ")
-        ]
+        checks = privilege_checks(GRANTS[component])
         probes = sql.SQL(", ").join(
-            sql.SQL("{}({}, {})").format(
-                sql.Identifier(f"has_{kind.lower()}_privilege"),
-                sql.Literal(name),
-                sql.Literal(privilege),
+            sql.SQL("{}({})").format(
+                sql.Identifier(function), sql.SQL(", ").join(map(sql.Literal, arguments))
             )
-            for privilege, kind, name in checks
+            for function, arguments, _ in checks
         )
 
         async def run(conn: Conn) -> tuple[str, list[str]]:
@@ -949,9 +1040,7 @@ class PostgresConnector:
             row = await cur.fetchone()
             assert row is not None
             missing = [
-                f"{privilege} on {name}"
-                for (privilege, _, name), ok in zip(checks, row["granted"], strict=True)
-                if not ok
+                label for (_, _, label), ok in zip(checks, row["granted"], strict=True) if not ok
             ]
             return str(row["role"]), missing
 

@@ -270,6 +270,7 @@ class SqliteConnector:
         operator_role: str | None,
         namespaces: Sequence[str] = (),
         only: bool = False,
+        narrow: bool = False,
     ) -> GrantReport:
         return GrantReport()  # SQLite has no roles: nobody to grant to
 

@@ -197,7 +197,7 @@ class LockVerbs:
             "slot_at": slot_at,
             "max_payload_bytes": MAX_PAYLOAD_BYTES,
         }
-        return await self._execute("insert_slot", params) == 1
+        return len(await self._fetch("insert_slot", params)) == 1
 
     async def advance_schedule(self, term: int, schedule_id: int, **slots: datetime | None) -> None:
         """Move the schedule's ``watermark_at``, ``next_slot_at`` and (when a slot fired)
@@ -296,12 +296,14 @@ class SqlStore:
         operator_role: str | None,
         namespaces: Sequence[str] = (),
         only: bool = False,
+        narrow: bool = False,
     ) -> models.GrantReport:
         return await self.connector.grant(
             sidecar_role=sidecar_role,
             operator_role=operator_role,
             namespaces=namespaces,
             only=only,
+            narrow=narrow,
         )
 
     async def served_namespaces(self) -> models.ServedNamespaces:

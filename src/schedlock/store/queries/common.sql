@@ -68,23 +68,6 @@ WHERE namespace = :namespace AND target = :target AND state = 'active'
 ORDER BY id
 LIMIT :limit;
 
--- name: insert_slot
--- Slot identity is unique per (schedule, slot time): the uid is schedule uid @ slot time.
--- A schedule whose payload is over the bound (older than migration 0007, whose trigger would
--- refuse the slot and with it the key's whole wake-up) gets no slot.
-INSERT INTO schedlock_publishes (scheduler, namespace, name, uid, generation, schedule_id, target,
-                                 due_at, next_attempt_at, payload, max_attempts, backoff_seconds,
-                                 starting_deadline_seconds, created_at, updated_at)
-SELECT 'recurring', s.namespace, s.name, :slot_uid, s.generation, s.id, s.target,
-       :slot_at, :slot_at, s.payload, s.max_attempts, s.backoff_seconds,
-       s.starting_deadline_seconds, now(), now()
-FROM schedlock_schedules s
-WHERE s.id = :schedule_id AND octet_length(CAST(s.payload AS text)) <= :max_payload_bytes
-  AND EXISTS (SELECT 1 FROM schedlock_terms t
-              WHERE t.scheduler = 'recurring' AND t.namespace = s.namespace
-                AND t.target = s.target AND t.term = :term)
-ON CONFLICT (uid) DO NOTHING;
-
 -- name: advance_schedule
 UPDATE schedlock_schedules AS s
 SET watermark_at = :watermark_at, next_slot_at = :next_slot_at,

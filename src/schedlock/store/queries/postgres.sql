@@ -152,24 +152,11 @@ SELECT set_config('idle_session_timeout', %(lease_ms)s, false),
        AS in_reserved_slot;
 
 -- name: begin_term
--- Bump the term right after acquiring; report how long the key was leaderless
--- (from the previous term's last heartbeat or release, on the database clock).
-WITH prev AS (
-    SELECT term, holder, heartbeat_at, released_at FROM schedlock_terms
-    WHERE scheduler = %(scheduler)s AND namespace = %(namespace)s AND target = %(target)s
-    FOR UPDATE
-), bumped AS (
-    UPDATE schedlock_terms t
-    SET term = t.term + 1, holder = %(holder)s, since = now(), heartbeat_at = now(), released_at = NULL
-    FROM prev
-    WHERE t.scheduler = %(scheduler)s AND t.namespace = %(namespace)s AND t.target = %(target)s
-    RETURNING t.term, t.since
-)
-SELECT bumped.term,
-       prev.holder AS previous_holder,
-       extract(epoch FROM bumped.since - COALESCE(prev.released_at, prev.heartbeat_at))::float8 AS gap_seconds,
-       prev.released_at IS NOT NULL AS previous_released
-FROM bumped, prev;
+-- Bump the term right after acquiring; report how long the key was leaderless (from the
+-- previous term's last heartbeat or release, on the database clock).  Through the function of
+-- migration 0010: a sidecar's role may not write a term itself (no UPDATE of that column).
+SELECT term, previous_holder, gap_seconds, previous_released
+FROM schedlock_begin_term(%(scheduler)s, %(namespace)s, %(target)s, %(holder)s);
 
 -- name: heartbeat
 -- Proves the lock session is alive, renews nothing (the lock is the lease) and reads the backlog:
@@ -262,6 +249,14 @@ SELECT count(*) AS completed,
        )::text) AS notified
 FROM done;
 
+-- name: insert_slot
+-- Through the function of migration 0010, which copies the slot's row from the schedule row
+-- (a sidecar's role has no INSERT on the publishes) and derives the slot uid as
+-- schedlock.core.identities.slot_uid does: a row when the slot was inserted, none otherwise.
+SELECT inserted
+FROM schedlock_insert_slot(%(schedule_id)s, %(slot_at)s, %(term)s, %(max_payload_bytes)s) AS inserted
+WHERE inserted = 1;
+
 -- name: next_slot
 SELECT extract(epoch FROM min(next_slot_at) - now())::float8 AS next_slot_in,
        bool_or(next_slot_at IS NULL) AS unplanned
@@ -311,6 +306,14 @@ FROM schedlock_publishes WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS exists;
+
+-- name: sidecar_writes
+-- A role granted as a sidecar: whether it writes whole rows as the operator too (INSERT on the
+-- schedules, which no sidecar has: `migrate --grant-sidecar --narrow` leaves its table-wide
+-- writes), and whether it still holds the table-wide writes of releases before migration 0010.
+SELECT has_table_privilege(%(role)s, 'schedlock_schedules', 'INSERT') AS operator,
+       has_table_privilege(%(role)s, 'schedlock_publishes', 'UPDATE')
+       OR has_table_privilege(%(role)s, 'schedlock_publishes', 'INSERT') AS table_wide;
 
 -- name: record_namespaces
 -- `migrate --grant-… [--namespace NS …] [--only]` (migration 0008's mapping, as the owner): add

@@ -83,6 +83,26 @@ WHERE schedlock_publishes.id = v.id AND state = 'firing' AND term = :term
                 AND t.target = :target AND t.term = :term);
 SELECT changes() AS completed;
 
+-- name: insert_slot
+-- A recurring schedule's active slot row, copied from the schedule (PostgreSQL: the function
+-- schedlock_insert_slot of migration 0010 does the same).  Slot identity is unique per
+-- (schedule, slot time): the uid is schedule uid @ slot time.
+-- A schedule whose payload is over the bound (older than migration 0007, whose trigger would
+-- refuse the slot and with it the key's whole wake-up) gets no slot.
+INSERT INTO schedlock_publishes (scheduler, namespace, name, uid, generation, schedule_id, target,
+                                 due_at, next_attempt_at, payload, max_attempts, backoff_seconds,
+                                 starting_deadline_seconds, created_at, updated_at)
+SELECT 'recurring', s.namespace, s.name, :slot_uid, s.generation, s.id, s.target,
+       :slot_at, :slot_at, s.payload, s.max_attempts, s.backoff_seconds,
+       s.starting_deadline_seconds, now(), now()
+FROM schedlock_schedules s
+WHERE s.id = :schedule_id AND s.state = 'active' AND octet_length(CAST(s.payload AS text)) <= :max_payload_bytes
+  AND EXISTS (SELECT 1 FROM schedlock_terms t
+              WHERE t.scheduler = 'recurring' AND t.namespace = s.namespace
+                AND t.target = s.target AND t.term = :term)
+ON CONFLICT (uid) DO NOTHING
+RETURNING 1 AS inserted;
+
 -- name: next_slot
 SELECT (julianday(min(next_slot_at)) - julianday(now())) * 86400.0 AS next_slot_in,
        max(next_slot_at IS NULL) AS unplanned

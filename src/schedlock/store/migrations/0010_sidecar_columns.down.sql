@@ -1,0 +1,4 @@
+-- loses data: no (functions and policies only; every row stays)
+-- 0010 sidecar columns, undone: PostgreSQL's part drops its functions and policies
+-- (0010_sidecar_columns.down.postgres.sql).  Re-grant sidecar roles with the release of the
+-- schema stepped down to (it grants the table privileges that release's queries need).

@@ -1,0 +1,6 @@
+-- additive: yes (no table or column changes; new functions and DELETE policies that refuse only what no binary of schemas 8 and 9 deletes, unfinished rows; no privilege a role holds is revoked: a sidecar role keeps its table-wide privileges of schemas 8 and 9 until the owner runs `schedlock migrate --grant-sidecar ROLE` with this release, which narrows them)
+-- 0010 sidecar columns: least privilege within a namespace.  Row-level security (0008) keeps a
+-- role to its namespaces' rows; this keeps a sidecar's role to the columns its loops change.
+-- The writes that must cross those lines (a recurring slot's row, copied from its schedule; the
+-- term bump) are PostgreSQL functions (0010_sidecar_columns.postgres.sql), and DELETE is kept to
+-- finished rows by policies there.  SQLite has no roles (one process owns the file): nothing.
