@@ -1,9 +1,10 @@
 """What a payload may be, checked the same way by every writer and by every reader.
 
 A payload is a JSON object passed to the app as the ``payload`` field of the delivery's body.
-It is bounded where every writer passes (the database's CHECK of migration 0007, the CLI, the
-operator's webhook and handlers) and parsed defensively wherever it is read back (the store's
-row decoding, for both dialects), by the functions here and nowhere else:
+It is bounded where every writer passes (migration 0007's trigger on insert and update — not a
+CHECK, which every update would re-check —, the CLI, the operator's webhook and handlers) and
+parsed defensively wherever it is read back (the store's row decoding, for both dialects), by
+the functions here and nowhere else:
 
 * :data:`MAX_PAYLOAD_BYTES` — 16 KiB of JSON text as the database prints it (``payload::text``
   on PostgreSQL, the stored text on SQLite: ``", "`` and ``": "`` separators, UTF-8).  A
