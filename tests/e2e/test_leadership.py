@@ -95,15 +95,27 @@ def gap_seconds(record: dict[str, Any]) -> float:
 def test_exactly_one_leader_per_key(group: SidecarGroup, migrated_database: str) -> None:
     group.wait_leader("publish")
     group.wait_leader("recurring")
+    # A standby's wait is one statement that re-queues every second (it commits between slices
+    # so as not to hold back VACUUM, and asks who holds the lock): for that moment it is not in
+    # pg_locks.  So every sample has exactly one holder per key and at most two waiters, and
+    # both waiters are seen queued together.
+    both_waiting = False
     for _ in range(20):
         holders = lock_holders(migrated_database)
         assert len(holders) == 2, holders  # publish and recurring keys
         for entries in holders.values():
             assert sum(granted for _, granted in entries) == 1, entries
-            assert len(entries) == 3  # one holder, two blocked waiters
+            assert len(entries) <= 3, entries  # one holder, two standbys at most
+        both_waiting = both_waiting or all(len(e) == 3 for e in holders.values())
         for scheduler in ("publish", "recurring"):
             assert len(group.leaders(scheduler)) == 1
         time.sleep(0.1)
+    if not both_waiting:
+        wait_for(
+            lambda: all(len(e) == 3 for e in lock_holders(migrated_database).values()),
+            timeout=10,
+            what="one holder and two queued standbys per key",
+        )
 
 
 def test_sigkill_failover_is_fast_and_loses_nothing(
