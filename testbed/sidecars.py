@@ -302,3 +302,17 @@ class SidecarGroup:
 
     def __iter__(self) -> Iterator[SidecarProcess]:
         return iter(self.sidecars)
+
+
+def schedlock_cli(*args: str, url: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """This checkout's ``schedlock`` command against ``url``, with no other SCHEDLOCK_ setting
+    of the test run's environment."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "schedlock"), *args],
+        env={**base, "SCHEDLOCK_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

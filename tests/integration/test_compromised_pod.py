@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,8 +46,8 @@ from schedlock.store import LockKey, open_store
 from testbed.pg import PostgresServer
 from testbed.rows import fetch, insert_rows, row_states, wait_published
 from testbed.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
+from testbed.sidecars import schedlock_cli as cli
 
-SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
 NS_A, NS_B = "team-a", "team-b"
 ROLE_A, ROLE_B, OPS_B = "tenant_a", "tenant_b", "ops_b"  # ops_b: an operator role of B only
 PASSWORDS = {ROLE_A: "a-pass-7f3", ROLE_B: "b-pass-9c1", OPS_B: "ops-pass-4d2"}
@@ -73,18 +70,6 @@ class Tenancy:
     squatter_first: SidecarProcess | None = None
     team_a: SidecarGroup | None = None
     team_b: SidecarGroup | None = None
-
-
-def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")}
-    return subprocess.run(
-        [SCHEDLOCK, *args],
-        env={**base, "SCHEDLOCK_DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def squatter(tenancy: Tenancy, workdir: Path, name: str) -> SidecarProcess:

@@ -14,9 +14,6 @@ a sidecar started with it there exits 2 naming the fix.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,26 +23,14 @@ import pytest
 from testbed.pg import PostgresServer
 from testbed.rows import insert_rows, wait_published
 from testbed.sidecars import SidecarGroup, SidecarProcess
+from testbed.sidecars import schedlock_cli as cli
 
-SCHEDLOCK = str(Path(sys.executable).parent / "schedlock")
 NAMESPACES = ("billing", "shop")
 SHARED = "shared_sidecar"
 PASSWORDS = {SHARED: "shared-pw-1", "billing_sidecar": "billing-pw-2", "shop_sidecar": "shop-pw-3"}
 RUNTIME_ENV = {"SCHEDLOCK_MIGRATE": "off"}  # a runtime role has no DDL
 REPLICAS = 2
 BEFORE, DURING, AFTER = 10, 40, 10
-
-
-def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")}
-    return subprocess.run(
-        [SCHEDLOCK, *args],
-        env={**base, "SCHEDLOCK_DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.fixture
