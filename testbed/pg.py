@@ -254,6 +254,11 @@ class PostgresServer:
             "log_min_messages": "warning",
             "log_line_prefix": "%m [%p] %a ",
             "track_functions": "all",
+            # The test bed's own SQL (tests, bench, chaos) names schedlock's tables unqualified:
+            # they are in schema `schedlock` (its default), or in `public` (an install made in
+            # it).  schedlock itself sets its search_path at every connect and never relies on
+            # this (tests/integration/test_schema.py runs it on a database whose path lacks it).
+            "search_path": '"$user", schedlock, public',
             **self.settings,
         }
         argv = [str(self.bindir / "postgres"), "-D", str(self.datadir)]

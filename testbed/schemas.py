@@ -13,17 +13,21 @@ from pathlib import Path
 
 import psycopg
 
+from schedlock.core.settings import DEFAULT_SCHEMA
 
-def pg_schema(url: str) -> dict[str, set[str]]:
+
+def pg_schema(url: str, schema: str = DEFAULT_SCHEMA) -> dict[str, set[str]]:
     with psycopg.connect(url) as conn:
         rows = conn.execute(
             "SELECT table_name, column_name FROM information_schema.columns "
-            "WHERE table_schema = 'public' AND table_name LIKE 'schedlock_%'"
+            "WHERE table_schema = %s AND table_name LIKE 'schedlock_%%'",
+            (schema,),
         ).fetchall()
         indexes = conn.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = 'public' "
-            "AND indexname LIKE 'schedlock_%' AND indexname NOT LIKE '%pkey' "
-            "AND indexname NOT LIKE '%_key'"
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s "
+            "AND indexname LIKE 'schedlock_%%' AND indexname NOT LIKE '%%pkey' "
+            "AND indexname NOT LIKE '%%_key'",
+            (schema,),
         ).fetchall()
     schema: dict[str, set[str]] = {}
     for table, column in rows:
@@ -64,27 +68,27 @@ def sqlite_triggers(path: Path) -> set[str]:
         conn.close()
 
 
-def pg_definitions(url: str) -> dict[str, set[tuple[object, ...]]]:
+def pg_definitions(url: str, schema: str = DEFAULT_SCHEMA) -> dict[str, set[tuple[object, ...]]]:
     with psycopg.connect(url) as conn:
 
         def rows(sql: str) -> set[tuple[object, ...]]:
-            return set(conn.execute(sql).fetchall())
+            return set(conn.execute(sql, {"schema": schema}).fetchall())
 
         return {
             "columns": rows(
                 "SELECT table_name, column_name, data_type, is_nullable, column_default "
-                "FROM information_schema.columns WHERE table_schema = 'public'"
+                "FROM information_schema.columns WHERE table_schema = %(schema)s"
             ),
             "indexes": rows(
-                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
+                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(schema)s"
             ),
             "storage": rows(
                 "SELECT relname, array_to_string(reloptions, ',') FROM pg_class "
-                "WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'"
+                "WHERE relnamespace = %(schema)s::regnamespace AND relkind = 'r'"
             ),
             "constraints": rows(
                 "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
-                "FROM pg_constraint WHERE connamespace = 'public'::regnamespace"
+                "FROM pg_constraint WHERE connamespace = %(schema)s::regnamespace"
             ),
             "triggers": rows(
                 "SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger "
@@ -92,6 +96,6 @@ def pg_definitions(url: str) -> dict[str, set[tuple[object, ...]]]:
             ),
             "functions": rows(
                 "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
-                "WHERE pronamespace = 'public'::regnamespace"
+                "WHERE pronamespace = %(schema)s::regnamespace"
             ),
         }

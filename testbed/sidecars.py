@@ -304,13 +304,15 @@ class SidecarGroup:
         return iter(self.sidecars)
 
 
-def schedlock_cli(*args: str, url: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """This checkout's ``schedlock`` command against ``url``, with no other SCHEDLOCK_ setting
-    of the test run's environment."""
+def schedlock_cli(
+    *args: str, url: str, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """This checkout's ``schedlock`` command against ``url``, with ``env`` and no other
+    SCHEDLOCK_ setting of the test run's environment."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDLOCK_")}
     return subprocess.run(
         [str(Path(sys.executable).parent / "schedlock"), *args],
-        env={**base, "SCHEDLOCK_DATABASE_URL": url},
+        env={**base, **env, "SCHEDLOCK_DATABASE_URL": url},
         capture_output=True,
         text=True,
         timeout=timeout,

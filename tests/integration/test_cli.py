@@ -46,6 +46,7 @@ def run(
 # One bad value per setting (every setting of the sidecar must appear here).
 BAD_VALUES: dict[str, tuple[str, str]] = {
     "SCHEDLOCK_DATABASE_URL": ("mysql://u:secret@h/db", "postgresql://"),
+    "SCHEDLOCK_DATABASE_SCHEMA": ("Schedlock", "lower-case letters"),
     "SCHEDLOCK_NAMESPACE": ("Not_A_Label", "DNS label"),
     "SCHEDLOCK_TARGET": ("-bad-", "DNS label"),
     "SCHEDLOCK_TARGET_URL": ("ftp://x/y", "http:// or https://"),
@@ -198,10 +199,13 @@ def test_status_runs_under_the_role_migrate_grants_the_operator(
         assert run("migrate", env=owner).returncode == 0
         granted = run("migrate", "--grant-operator", granted_role, env=owner)
         assert granted.returncode == 0, granted.stderr
+        required = open_store(as_role(url, required_role))
+        lacking = asyncio.run(required.missing_privileges("operator"))
+        assert lacking == (required_role, ["USAGE on schema schedlock"])
+        postgres.execute(f'GRANT USAGE ON SCHEMA schedlock TO "{required_role}"', url=url)
         for privileges, objects in OPERATOR_GRANTS:
             for obj in objects:
                 postgres.execute(f'GRANT {privileges} ON {obj} TO "{required_role}"', url=url)
-        required = open_store(as_role(url, required_role))
         assert asyncio.run(required.missing_privileges("operator")) == (required_role, [])
         sidecar.start()  # a key, its term and its lock, so that status has a row to show
         wait_for(sidecar.leads, timeout=60, what="the sidecar to lead")
@@ -294,6 +298,7 @@ def test_unreachable_database_is_a_clear_error() -> None:
 OPERATOR_GOOD = {"SCHEDLOCK_DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none"}
 OPERATOR_BAD_VALUES: dict[str, tuple[str, str]] = {
     "SCHEDLOCK_DATABASE_URL": ("sqlite:///x.db", "must be a postgresql:// URL"),
+    "SCHEDLOCK_DATABASE_SCHEMA": ("pg_catalog", "not pg_"),
     "SCHEDLOCK_WATCH_NAMESPACES": ("good,Bad_One", "namespace names"),
     "SCHEDLOCK_HEALTH_PORT": ("0", "from 1 to 65535"),
     "SCHEDLOCK_WEBHOOK_PORT": ("99999", "from 1 to 65535"),

@@ -16,9 +16,12 @@ columns its loops change, writes a slot row or a term only through the schema's 
 deletes only finished rows — while A's honest sidecar, granted by this release's CLI, fires A's
 one-shot rows and the slots of A's schedule, takes its terms and keeps its reserves' roster.
 
-The whole module runs twice: on a database as PostgreSQL 15+ creates it, and on one whose
-``public`` schema grants CREATE to PUBLIC (PostgreSQL 14 and older, upgraded databases), which
-``migrate --grant-…`` revokes and says so.
+The whole module runs three times: on a database as PostgreSQL 15+ creates it; on one whose
+``public`` schema grants CREATE to PUBLIC (PostgreSQL 14 and older, upgraded databases), where
+A's role may create objects in ``public`` that shadow ours (a table, ``sha256``) and none of them
+is ever used (schedlock's search_path names only its own schema, and its functions pin theirs);
+and on such a database with schedlock installed in ``public`` by an earlier release, where
+``migrate --grant-…`` revokes PUBLIC's CREATE and says so.
 
 Out of reach of any grant: advisory locks have no ACL, so A's role can still hold
 ``pg_advisory_lock`` on B's key ids by hand (lock squatting) and B's rows wait.  It is
@@ -66,6 +69,7 @@ class Tenancy:
     url_a: str
     url_b: str
     public_create: bool
+    schema: str  # where the install lives
     granted: dict[str, str] = field(default_factory=dict)  # role -> the CLI's output
     squatter_first: SidecarProcess | None = None
     team_a: SidecarGroup | None = None
@@ -78,11 +82,15 @@ def squatter(tenancy: Tenancy, workdir: Path, name: str) -> SidecarProcess:
     return SidecarProcess.for_stand_in_app(name, workdir, tenancy.url_a, **env).start()
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["default-schema", "public-create"])
+@pytest.fixture(
+    scope="module",
+    params=[(False, "schedlock"), (True, "schedlock"), (True, "public")],
+    ids=["default-schema", "public-create", "legacy-public"],
+)
 def tenancy(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Tenancy]:
-    public_create: bool = request.param
+    public_create, schema = request.param
     workdir = tmp_path_factory.mktemp("compromised")
     server = PostgresServer(workdir / "pg", passwords=True)
     server.start()
@@ -93,13 +101,16 @@ def tenancy(
         for role, password in PASSWORDS.items():
             server.psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
         admin = server.url("tenants")
-        assert cli("migrate", url=admin).returncode == 0
+        # An earlier release's install (in public), or this one's: every later command runs
+        # with the default schema setting, as an upgraded install's do.
+        assert cli("migrate", url=admin, SCHEDLOCK_DATABASE_SCHEMA=schema).returncode == 0
         tenancy = Tenancy(
             server,
             admin,
             url_a=server.url("tenants", ROLE_A, PASSWORDS[ROLE_A]),
             url_b=server.url("tenants", ROLE_B, PASSWORDS[ROLE_B]),
             public_create=public_create,
+            schema=schema,
         )
         for role, namespace in ((ROLE_A, NS_A), (ROLE_B, NS_B)):
             done = cli("migrate", "--grant-sidecar", role, "--namespace", namespace, url=admin)
@@ -156,8 +167,10 @@ def test_the_grant_scopes_each_role_and_says_what_it_did(tenancy: Tenancy) -> No
     assert f"{ROLE_A} may update only the columns a sidecar's loops change" in said
     assert "every namespace" not in said
     revoked = "revoked CREATE on schema public from PUBLIC"
-    # The first grant revokes what PUBLIC had; the second finds nothing left to revoke.
-    assert (revoked in said) is tenancy.public_create
+    # Where schedlock lives in public, the first grant revokes what PUBLIC had there and the
+    # second finds nothing left; its own schema never granted PUBLIC anything, and public is
+    # then the app's business, not schedlock's.
+    assert (revoked in said) is (tenancy.public_create and tenancy.schema == "public")
     assert revoked not in tenancy.granted[ROLE_B]
 
 
@@ -301,15 +314,39 @@ def test_an_unmodified_sidecar_with_a_credential_for_b_exits_2(
 
 
 def test_a_role_creates_nothing_in_the_schema(tenancy: Tenancy) -> None:
+    schema = tenancy.schema
     with as_a(tenancy) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("CREATE TABLE public.schedlock_publishes_shadow (id int)")
+            conn.execute(f"CREATE TABLE {schema}.schedlock_publishes_shadow (id int)")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(
-                "CREATE FUNCTION public.sha256(bytea) RETURNS bytea LANGUAGE sql AS 'SELECT $1'"
+                f"CREATE FUNCTION {schema}.sha256(bytea) RETURNS bytea LANGUAGE sql AS 'SELECT $1'"
             )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO schedlock_namespace_roles VALUES (%s, %s)", (ROLE_A, NS_B))
+
+
+def test_what_a_role_creates_in_public_is_never_used(tenancy: Tenancy) -> None:
+    """Where PUBLIC may still create in ``public`` and schedlock lives in its own schema, A's
+    role plants look-alikes there: a publishes table holding a forged row of B's due now, and
+    a ``sha256`` that would make every key's lock id the same.  schedlock's sessions resolve
+    names in its schema only and its functions pin theirs: the forged row never fires (B's app
+    gets exactly B's rows, the last test) and A still registers no term under B's lock ids."""
+    if not (tenancy.public_create and tenancy.schema != "public"):
+        pytest.skip("only where PUBLIC may create in public and schedlock lives elsewhere")
+    with as_a(tenancy) as conn:
+        conn.execute(
+            "CREATE TABLE public.schedlock_publishes "
+            "(LIKE schedlock.schedlock_publishes INCLUDING DEFAULTS)"
+        )
+        conn.execute(
+            "INSERT INTO public.schedlock_publishes (id, namespace, name, uid, target, payload, "
+            f"due_at, next_attempt_at) VALUES (-1, '{NS_B}', 'forged', 'forged', 'demo', "
+            """'{"evil": 1}', now(), now())"""
+        )
+        conn.execute(
+            "CREATE FUNCTION public.sha256(bytea) RETURNS bytea LANGUAGE sql AS 'SELECT $1'"
+        )
 
 
 @pytest.mark.parametrize(

@@ -570,8 +570,9 @@ def test_upgrading_to_namespace_roles_keeps_granted_roles_on_every_namespace(
     from testbed.rows import insert_rows
 
     sidecar = runtime_roles[0]
+    # Releases of schema 7 installed into `public`; this one keeps an install there.
+    asyncio.run(open_store(database, schema="public").migrate(to=7))
     store = open_store(database)
-    asyncio.run(store.migrate(to=7))
     # What a schema-7 `migrate --grant-sidecar` left behind.
     postgres.execute(
         f'GRANT SELECT, INSERT, UPDATE ON schedlock_publishes TO "{sidecar}"', url=database
@@ -612,8 +613,9 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
     from testbed.pg_fixtures import as_role, grant_table_wide
 
     sidecar = runtime_roles[0]
+    # The release before installed into `public`; this one keeps an install there.
+    asyncio.run(open_store(database, schema="public").migrate(to=latest_id("postgres") - 1))
     owner = open_store(database)
-    asyncio.run(owner.migrate(to=latest_id("postgres") - 1))
     grant_table_wide(postgres, database, sidecar)
     asyncio.run(owner.migrate())
     recurring = LockKey("recurring", "default", "demo")

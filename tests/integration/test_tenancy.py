@@ -56,8 +56,9 @@ def test_a_sidecar_role_of_the_release_before_fires_through_the_column_grants(
     schema as it was granted, and goes on firing, without a restart, when the owner narrows the
     role (`--grant-sidecar ROLE --narrow`); after that the role may not rewrite a payload."""
     sidecar_role = runtime_roles[0]
+    # The release before installed into `public`; this one keeps an install there.
+    asyncio.run(open_store(database, schema="public").migrate(to=latest_id("postgres") - 1))
     owner = open_store(database)
-    asyncio.run(owner.migrate(to=latest_id("postgres") - 1))
     grant_table_wide(postgres, database, sidecar_role)
     asyncio.run(owner.migrate())
     postgres.execute(

@@ -618,3 +618,18 @@ def test_any_input_to_schedlock_inject_is_exit_0_or_2_in_one_line(
     assert code in (0, 2), err
     if code == 2:
         assert err.count("\n") == 1 and err.startswith("schedlock inject: error: "), err
+
+
+@pytest.mark.parametrize("schema", ["schedlock", "jobs"])
+def test_injected_sidecars_use_the_operators_database_schema(schema: str) -> None:
+    env = {"SCHEDLOCK_DATABASE_URL": "postgresql://db/app", "SCHEDLOCK_DATABASE_SCHEMA": schema}
+    config = build(OperatorSettings, None, env).injection
+    metadata = {"name": "app-1", "labels": {**OPT_IN, "app.kubernetes.io/name": "billing"}}
+    changed = inject_pod(metadata, {"containers": [{"name": "app", "image": "app:1"}]}, config)
+    assert changed is not None
+    [sidecar] = changed[1]["initContainers"]
+    given = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert given["SCHEDLOCK_DATABASE_SCHEMA"] == schema
+    sidecar_env = {k: v for k, v in given.items() if v is not None}
+    sidecar_env["SCHEDLOCK_DATABASE_URL"] = env["SCHEDLOCK_DATABASE_URL"]  # from its Secret
+    assert build(SidecarSettings, None, sidecar_env).database_schema == schema

@@ -125,3 +125,15 @@ def test_migrate_says_what_it_did() -> None:
     assert migrate_report([], SchemaStatus(4, 4)) == "schema is current (migration 4)"
     assert migrate_report([], SchemaStatus(2, 4)) == "schema at migration 2: nothing to apply"
     assert "newer than this schedlock (4) and runs it" in migrate_report([], SchemaStatus(6, 4))
+
+
+def test_migrate_report_names_the_schema_on_postgresql() -> None:
+    status = SchemaStatus(4, 4, location="schedlock")
+    assert (
+        migrate_report([], status)
+        == "schema is current (migration 4) in PostgreSQL schema schedlock"
+    )
+    assert (
+        migrate_report([3, 4], status)
+        == "applied migrations 3, 4; schema at 4 in PostgreSQL schema schedlock"
+    )

@@ -23,6 +23,7 @@ from schedlock.core.settings import (
     integer,
     number,
     quoted,
+    schema_name,
     specs,
     text,
 )
@@ -198,3 +199,16 @@ def test_any_value_of_any_setting_builds_or_is_one_setting_error(
 def test_quoted_escapes_and_cuts() -> None:
     assert quoted("a\nb\x07") == "'a\\nb\\x07'"
     assert quoted("x" * 70) == repr("x" * 64) + "… (70 characters)"
+
+
+@pytest.mark.parametrize("name", ["schedlock", "jobs_2", "_private", "a" * 63, "public"])
+def test_a_schema_name_is_a_plain_lower_case_identifier(name: str) -> None:
+    assert schema_name(f" {name} ") == name
+
+
+@pytest.mark.parametrize(
+    "name", ["", "Schedlock", "2jobs", "a" * 64, "pg_catalog", "information_schema", 'x"y', "a b"]
+)
+def test_a_schema_name_that_needs_quoting_or_is_reserved_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="must be a schema name"):
+        schema_name(name)

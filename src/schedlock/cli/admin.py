@@ -49,6 +49,7 @@ from schedlock.store import (
     MigrationRefused,
     PublishSpec,
     ScheduleSpec,
+    SchemaChanged,
     SchemaStatus,
     SchemaTooNew,
     ServedNamespaces,
@@ -138,17 +139,38 @@ def _shown(message: str, db: DatabaseSettings) -> str:
     return printable(scrub(message, db.database_url))
 
 
+async def _why_missing(store: Store, missing: SchemaChanged) -> str:
+    """Why a command's table is missing, in words that say what to do."""
+    try:
+        status = await store.schema_status()
+    except StoreError as exc:
+        return str(exc)
+    if status.current < status.latest:
+        where = "" if status.location is None else f" in schema {status.location}"
+        return (
+            f"the schema{where} is at migration {status.current}, {status.latest} needed: run "
+            "`schedlock migrate` with the owner role"
+        )
+    return str(missing)
+
+
 def _with_store(
     command: str, db: DatabaseSettings, verb: Callable[[Store], Awaitable[T]], failure: str
 ) -> T:
     """Run one store verb; a StoreError is a CommandError (exit status 1)."""
 
     async def run() -> T:
-        store = open_store(db.database_url, application_name=f"schedlock-{command}")
+        store = open_store(
+            db.database_url, application_name=f"schedlock-{command}", schema=db.database_schema
+        )
         try:
             return await verb(store)
         except SchemaTooNew as exc:
             raise CommandError(_shown(str(exc), db)) from exc
+        except SchemaChanged as exc:
+            # A one-shot command found a table missing: the schema is not there for it (not
+            # migrated, installed in another schema, no USAGE on it) rather than changed.
+            raise CommandError(_shown(f"{failure}: {await _why_missing(store, exc)}", db)) from exc
         except StoreError as exc:
             raise CommandError(_shown(f"{failure}: {exc}", db)) from exc
         finally:
@@ -194,6 +216,13 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
     if isinstance(result, MigrationRefused):
         raise CommandError(str(result), EXIT_BAD_SETTING)
     print(migrate_report(*result))
+    location = result[1].location
+    if location is not None and location != db.database_schema:
+        print(
+            f"schedlock's tables are in schema {location}, where an earlier release installed "
+            f"them: used there while schema {db.database_schema} holds none (docs/operations.md, "
+            "'The database schema')"
+        )
     return 0
 
 
@@ -251,17 +280,21 @@ def migrate_report(changed: list[int], status: SchemaStatus) -> str:
     ids = f"migration{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))}"
     if changed and changed[0] > current:
         steps = "their down steps" if len(changed) > 1 else "its down step"
-        return f"reverted {ids} by {steps}; schema at {current}"
+        return f"reverted {ids} by {steps}; schema at {current}{_in(status)}"
     if changed:
-        return f"applied {ids}; schema at {current}"
+        return f"applied {ids}; schema at {current}{_in(status)}"
     if current > status.latest:
         return (
             f"schema at migration {current} is newer than this schedlock ({status.latest}) and "
             "runs it (every newer migration is additive): nothing applied"
         )
     if current == status.latest:
-        return f"schema is current (migration {current})"
-    return f"schema at migration {current}: nothing to apply"
+        return f"schema is current (migration {current}){_in(status)}"
+    return f"schema at migration {current}: nothing to apply{_in(status)}"
+
+
+def _in(status: SchemaStatus) -> str:
+    return "" if status.location is None else f" in PostgreSQL schema {status.location}"
 
 
 # -- publish and schedule ------------------------------------------------------------------------

@@ -429,11 +429,38 @@ def database_setting(help: str) -> Any:
     return setting("SCHEDLOCK_DATABASE_URL", "", database_url, "url", help=help, secret=True)
 
 
+DEFAULT_SCHEMA = "schedlock"
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def schema_name(raw: str) -> str:
+    """A PostgreSQL schema for schedlock's tables: a lower-case identifier that needs no
+    quoting (as ``psql`` users type it), not ``pg_…`` (reserved) nor ``information_schema``."""
+    value = raw.strip()
+    if not _SCHEMA.match(value) or value.startswith("pg_") or value == "information_schema":
+        raise ValueError(
+            "must be a schema name of 1 to 63 lower-case letters, digits and underscores, "
+            f"starting with a letter or underscore, not pg_… or information_schema, got "
+            f"{quoted(raw)}"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class DatabaseSettings:
     """What every command that touches the database reads (``schedlock migrate`` and friends)."""
 
     database_url: str = database_setting("postgresql://… or sqlite:///path")
+    database_schema: str = setting(
+        "SCHEDLOCK_DATABASE_SCHEMA",
+        DEFAULT_SCHEMA,
+        schema_name,
+        "name",
+        help="PostgreSQL schema holding schedlock's tables (created by `schedlock migrate`); "
+        "an install an earlier release made in `public` is used where it is while this schema "
+        "holds none; the same value for every sidecar, the operator and the CLI; ignored for "
+        "SQLite",
+    )
 
     def validate(self) -> None:
         if not self.database_url:

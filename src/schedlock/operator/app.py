@@ -110,7 +110,10 @@ def _never_called(**_: Any) -> None:
 
 async def run(settings: OperatorSettings) -> int:
     store = open_store(
-        settings.database_url, application_name=settings.holder_name, pool_size=ADMIN_POOL_SIZE
+        settings.database_url,
+        application_name=settings.holder_name,
+        pool_size=ADMIN_POOL_SIZE,
+        schema=settings.database_schema,
     )
     readiness = Readiness()
     stopping = asyncio.Event()

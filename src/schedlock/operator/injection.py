@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schedlock import __version__
-from schedlock.core.settings import check_url, dns_label, http_url, quoted
+from schedlock.core.settings import DEFAULT_SCHEMA, check_url, dns_label, http_url, quoted
 from schedlock.core.timings import DEFAULT_LEASE_SECONDS, LeaseTimings
 
 LABEL_INJECT = "schedlock.dev/inject"
@@ -191,6 +191,8 @@ class InjectionConfig:
     resources: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_RESOURCES))
     signing_secret: SecretRef | None = None
     """Signs the deliveries of every injected pod unless the pod's annotation says otherwise."""
+    database_schema: str = DEFAULT_SCHEMA
+    """The operator's schema: its sidecars find the tables where it writes the rows."""
     retention: tuple[tuple[str, str], ...] = ()
     """The retention settings (variable, value) the operator prunes by, for the sidecars too:
     whichever process holds the pruning lease prunes by its own (schedlock.store.retention)."""
@@ -356,6 +358,7 @@ def sidecar_container(
                 "name": "SCHEDLOCK_DATABASE_URL",
                 "valueFrom": {"secretKeyRef": {"name": secret, "key": config.database_secret_key}},
             },
+            {"name": "SCHEDLOCK_DATABASE_SCHEMA", "value": config.database_schema},
             {
                 "name": "SCHEDLOCK_NAMESPACE",
                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},

@@ -207,8 +207,13 @@ class OperatorSettings(InjectionSettings, RetentionSettings, ServiceSettings):
 
     @property
     def injection(self) -> InjectionConfig:
-        """The injected sidecars prune by the operator's own retention settings."""
-        return replace(self.injection_of(), retention=self.retention_env())
+        """The injected sidecars use the operator's database schema and prune by its own
+        retention settings."""
+        return replace(
+            self.injection_of(),
+            retention=self.retention_env(),
+            database_schema=self.database_schema,
+        )
 
     @property
     def webhook_enabled(self) -> bool:

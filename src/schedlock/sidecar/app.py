@@ -59,7 +59,11 @@ class Sidecar:
     def __init__(self, settings: SidecarSettings, metrics: SidecarMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or SidecarMetrics()
-        self.store: Store = open_store(settings.database_url, application_name=settings.holder_name)
+        self.store: Store = open_store(
+            settings.database_url,
+            application_name=settings.holder_name,
+            schema=settings.database_schema,
+        )
         self.stopping = asyncio.Event()
         self.electors: list[KeyElector] = []
         self.tasks: Supervisor | None = None  # the electors' group, once it runs

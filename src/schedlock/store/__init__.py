@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from schedlock.core.aio import Backoff, sleep_unless
 from schedlock.core.logs import Event
 from schedlock.core.redact import redact
+from schedlock.core.settings import DEFAULT_SCHEMA
 from schedlock.store.contract import HeldLock, LockSession, Store
 from schedlock.store.errors import (
     BadDatabaseUrl,
@@ -248,11 +249,18 @@ async def wait_for_schema(
     return False
 
 
-def open_store(url: str, *, application_name: str = "schedlock", pool_size: int = 0) -> Store:
+def open_store(
+    url: str,
+    *,
+    application_name: str = "schedlock",
+    pool_size: int = 0,
+    schema: str = DEFAULT_SCHEMA,
+) -> Store:
     """The store for a database URL (no I/O happens until a verb is called).
 
     ``pool_size`` > 0: PostgreSQL admin verbs share a pool of at most that many sessions
-    (0: one connection per verb); SQLite has one connection whatever it says.
+    (0: one connection per verb); SQLite has one connection whatever it says.  ``schema``:
+    PostgreSQL's schema for schedlock's tables (SQLite has none).
     """
     from schedlock.store.verbs import SqlStore
 
@@ -261,7 +269,9 @@ def open_store(url: str, *, application_name: str = "schedlock", pool_size: int 
         from schedlock.store.postgres import PostgresConnector
 
         return SqlStore(
-            PostgresConnector(url, application_name=application_name, pool_size=pool_size)
+            PostgresConnector(
+                url, application_name=application_name, pool_size=pool_size, schema=schema
+            )
         )
     if scheme == "sqlite":
         from schedlock.store.sqlite import SqliteConnector

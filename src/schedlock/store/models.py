@@ -268,6 +268,9 @@ class SchemaStatus:
     blocking: int | None = None
     """When ``current > latest``: the first migration beyond ``latest`` that is not additive,
     which this binary cannot run on (None: every one is additive, and it runs)."""
+    location: str | None = None
+    """PostgreSQL's schema holding the tables (the configured one, or ``public`` for an install
+    an earlier release made there); None on SQLite."""
 
     @property
     def too_new(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -29,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from schedlock.core.logs import Event
 from schedlock.core.redact import inspect, scrub
+from schedlock.core.settings import DEFAULT_SCHEMA
 from schedlock.core.timings import LeaseTimings
 from schedlock.store import queries
 from schedlock.store.errors import (
@@ -36,6 +38,7 @@ from schedlock.store.errors import (
     ConnectionsExhausted,
     LeadershipLost,
     LockKeyCollision,
+    MigrationRefused,
     ReadOnlyServer,
     SchemaChanged,
     StoreError,
@@ -267,9 +270,12 @@ def connect_kwargs(application_name: str, connect_timeout: float = 5) -> dict[st
     }
 
 
-async def connect(url: str, *, application_name: str, connect_timeout: float = 5) -> Conn:
-    """Open a session on a writable primary, or raise (every session of both components
-    comes through here, so neither leads nor writes on a standby or a read-only server).
+async def connect(
+    url: str, *, application_name: str, schema: str = DEFAULT_SCHEMA, connect_timeout: float = 5
+) -> Conn:
+    """Open a session on a writable primary, its ``search_path`` on schedlock's schema, or
+    raise (every session of both components comes through here, so neither leads nor writes on
+    a standby or a read-only server, nor looks for a table anywhere else).
 
     A multi-host URL (``postgresql://a:5432,b:5432/db?target_session_attrs=read-write``) is
     libpq's own way to find the primary; the check below refuses whatever it lands on that
@@ -291,7 +297,7 @@ async def connect(url: str, *, application_name: str, connect_timeout: float = 5
         raise BadDatabaseUrl("the URL could not be parsed (libpq refused it)") from None
     except psycopg.Error as exc:
         raise _failure(StoreUnavailable, exc, url) from exc
-    await _writable_or_closed(conn)
+    await _writable_or_closed(conn, schema)
     return conn
 
 
@@ -319,12 +325,14 @@ def read_only_reason(
     return None
 
 
-async def require_writable(conn: Conn) -> None:
-    """Raise ReadOnlyServer unless ``conn`` is on a writable primary."""
-    cur = await _guard(conn.execute(Q["server_writable"]))
+async def require_writable(conn: Conn, schema: str) -> None:
+    """Raise ReadOnlyServer unless ``conn`` is on a writable primary; set its ``search_path``
+    to ``schema`` (or to ``public`` where an earlier release installed schedlock and ``schema``
+    holds no install), in the same round trip."""
+    cur = await _guard(conn.execute(Q["session_setup"], {"schema": schema}))
     row = await _guard(cur.fetchone())
     if row is None:
-        raise StoreError("query server_writable returned no row")
+        raise StoreError("query session_setup returned no row")
     reason = read_only_reason(
         f"{conn.info.host}:{conn.info.port}",
         in_recovery=bool(row["in_recovery"]),
@@ -335,12 +343,12 @@ async def require_writable(conn: Conn) -> None:
         raise ReadOnlyServer(reason)
 
 
-async def _writable_or_closed(conn: Conn) -> None:
+async def _writable_or_closed(conn: Conn, schema: str) -> None:
     """:func:`require_writable`, closing a session that fails it: a new one is never used,
     and a pooled one (the pool's check at every checkout) is never handed out again — the
     pool opens another wherever the URL leads now (after a fail-over, the primary)."""
     try:
-        await require_writable(conn)
+        await require_writable(conn, schema)
     except BaseException:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), 2)
@@ -448,6 +456,35 @@ async def _narrow_sidecar(
         report.columns_only.append(role)
 
 
+async def _install_schema(conn: Conn) -> None:
+    """Create the schema the session's search_path names when it does not exist yet (a first
+    ``migrate``), after refusing a second install beside one in another schema: advisory lock
+    ids and notification channels are the database's, so two installs would contend for each
+    other's keys and wake each other's sidecars."""
+    cur = await conn.execute(Q["schema_in_use"])
+    row = await cur.fetchone()
+    assert row is not None
+    schema, elsewhere = str(row["schema"]), list(row["elsewhere"])
+    if elsewhere:
+        raise MigrationRefused(
+            f"schedlock is installed in schema {elsewhere[0]!r} of this database, and the "
+            f"configured schema is {schema!r}: one install per database (advisory locks and "
+            f"notification channels are database-wide); set SCHEDLOCK_DATABASE_SCHEMA="
+            f"{elsewhere[0]} (--database-schema) for every component, or use another database"
+        )
+    if row["exists"]:
+        return
+    try:
+        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise _failure(
+            StoreError,
+            exc,
+            suffix=f": as a superuser run CREATE SCHEMA {schema} AUTHORIZATION <this role>, "
+            "then migrate again",
+        ) from exc
+
+
 class PostgresLockSession(LockVerbs):
     """One dedicated connection: the advisory lock, its lease, heartbeat and row transitions
     (the row verbs are :class:`LockVerbs`', run on this connection).
@@ -458,8 +495,16 @@ class PostgresLockSession(LockVerbs):
 
     codec = CODEC
 
-    def __init__(self, url: str, key: LockKey, holder: str, lease_seconds: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        key: LockKey,
+        holder: str,
+        lease_seconds: float,
+        schema: str = DEFAULT_SCHEMA,
+    ) -> None:
         self.url = url
+        self.schema = schema
         self.key = key
         self.holder = holder
         self.lease_seconds = lease_seconds
@@ -476,7 +521,7 @@ class PostgresLockSession(LockVerbs):
         """Open the session, set the lease and register the key's lock ids."""
         await self.close()
         try:
-            conn = await connect(self.url, application_name=self.holder)
+            conn = await connect(self.url, application_name=self.holder, schema=self.schema)
         except StoreUnavailable as exc:
             cause = exc.__cause__
             sqlstate = getattr(cause, "sqlstate", None)
@@ -755,7 +800,9 @@ class PostgresLockSession(LockVerbs):
     async def _pin_probe(
         self, probes: contextlib.AsyncExitStack, round_: int
     ) -> tuple[Conn, DictRow | None]:
-        probe = await connect(self.url, application_name=f"{self.holder}-probe{round_}")
+        probe = await connect(
+            self.url, application_name=f"{self.holder}-probe{round_}", schema=self.schema
+        )
         probes.push_async_callback(probe.close)
         await probes.enter_async_context(probe.transaction())
         cur = await probe.execute(Q["backend_pid"])
@@ -764,7 +811,7 @@ class PostgresLockSession(LockVerbs):
     async def _before_term(self) -> None:
         # Re-checked on the lock session itself: the server may have turned read-only while
         # this session waited for the lock (a term must never begin there).
-        await require_writable(self._require())
+        await require_writable(self._require(), self.schema)
 
     def _check_backend(self, heartbeat: Row) -> None:
         if self._lock_pid is not None and int(heartbeat["pid"]) != self._lock_pid:
@@ -833,8 +880,16 @@ class PostgresConnector:
     always_leader = False
     codec = CODEC
 
-    def __init__(self, url: str, *, application_name: str, pool_size: int = 0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        application_name: str,
+        pool_size: int = 0,
+        schema: str = DEFAULT_SCHEMA,
+    ) -> None:
         self.url = url
+        self.schema = schema
         self.application_name = application_name
         self.pool_size = pool_size
         self._pool: AsyncConnectionPool[Conn] | None = None
@@ -856,7 +911,7 @@ class PostgresConnector:
                     kwargs=connect_kwargs(self.application_name),
                     min_size=0,
                     max_size=self.pool_size,
-                    check=_writable_or_closed,
+                    check=functools.partial(_writable_or_closed, schema=self.schema),
                     open=False,
                     name=self.application_name,
                 )
@@ -881,7 +936,9 @@ class PostgresConnector:
             loop = asyncio.get_running_loop()
             if loop.time() - self._probed_at < POOL_WAIT_SECONDS:
                 return  # another waiter just found the server accepting
-            probe = await connect(self.url, application_name=self.application_name)
+            probe = await connect(
+                self.url, application_name=self.application_name, schema=self.schema
+            )
             await probe.close()
             self._probed_at = loop.time()
 
@@ -923,7 +980,11 @@ class PostgresConnector:
 
     @contextlib.asynccontextmanager
     async def _connection(self, application_name: str | None = None) -> AsyncIterator[Conn]:
-        conn = await connect(self.url, application_name=application_name or self.application_name)
+        conn = await connect(
+            self.url,
+            application_name=application_name or self.application_name,
+            schema=self.schema,
+        )
         try:
             yield conn
         finally:
@@ -943,6 +1004,7 @@ class PostgresConnector:
             lock = {"classid": SCHEDLOCK_CLASS_ID, "objid": MIGRATIONS_OBJID}
             await session.run_sql(lock_statement(SCHEDLOCK_CLASS_ID, MIGRATIONS_OBJID))
             try:
+                await _install_schema(conn)
                 await session.execute("create_migrations_table", {})
                 yield session
             finally:
@@ -976,6 +1038,10 @@ class PostgresConnector:
 
         async def run(conn: Conn) -> GrantReport:
             report = GrantReport()
+            cur = await conn.execute(Q["schema_in_use"])
+            found = await cur.fetchone()
+            assert found is not None
+            schema = str(found["schema"])
             for role, grants in (
                 (sidecar_role, SIDECAR_GRANTS + PRUNE_GRANTS),
                 (operator_role, OPERATOR_GRANTS + PRUNE_GRANTS),
@@ -989,6 +1055,11 @@ class PostgresConnector:
                         f"role {role!r} does not exist: create it first (CREATE ROLE …)"
                     )
                 async with conn.transaction():
+                    await conn.execute(
+                        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                            sql.Identifier(schema), sql.Identifier(role)
+                        )
+                    )
                     if role == sidecar_role:
                         await _narrow_sidecar(
                             conn, role, report, also_operator=operator_role, narrow=narrow
@@ -1034,6 +1105,11 @@ class PostgresConnector:
         )
 
         async def run(conn: Conn) -> tuple[str, list[str]]:
+            cur = await conn.execute(Q["schema_usage"])
+            usage = await cur.fetchone()
+            assert usage is not None
+            if not usage["usable"]:  # the tables' names would not even resolve
+                return str(usage["role"]), [f"USAGE on schema {usage['schema']}"]
             cur = await conn.execute(
                 sql.SQL("SELECT current_user AS role, ARRAY[{}] AS granted").format(probes)
             )
@@ -1047,7 +1123,7 @@ class PostgresConnector:
         return await _guard(self._direct(run))
 
     def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> PostgresLockSession:
-        return PostgresLockSession(self.url, key, holder, lease_seconds)
+        return PostgresLockSession(self.url, key, holder, lease_seconds, self.schema)
 
     async def listen(
         self,
@@ -1076,7 +1152,7 @@ class PostgresConnector:
 
     async def hold_lock(self, objid: int, holder: str) -> HeldLock:
         """Block until this process holds ``(SCHEDLOCK_CLASS_ID, objid)`` on its own session."""
-        conn = await connect(self.url, application_name=holder)
+        conn = await connect(self.url, application_name=holder, schema=self.schema)
         try:
             await _guard(conn.execute(lock_statement(SCHEDLOCK_CLASS_ID, objid)))
         except BaseException:

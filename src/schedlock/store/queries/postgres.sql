@@ -344,12 +344,31 @@ SELECT current_schema() AS schema,
        ARRAY(SELECT r FROM unnest(%(roles)s::text[]) AS r
              WHERE has_schema_privilege(r, current_schema(), 'CREATE') ORDER BY r) AS creators;
 
--- name: server_writable
--- Every session checks where it landed: a hot standby grants advisory locks too, so a session
--- there must neither lead nor write.
+-- name: session_setup
+-- Every session checks where it landed (a hot standby grants advisory locks too, so a session
+-- there must neither lead nor write) and puts its search_path on schedlock's schema: the
+-- configured one, or `public` where an earlier release installed schedlock there and the
+-- configured one holds no install (the catalogs tell, whatever the role may use).  Nothing else
+-- is on the path: an object another role created elsewhere never stands in for one of ours
+-- (pg_catalog is searched first, as always).
 SELECT pg_is_in_recovery() AS in_recovery,
        current_setting('default_transaction_read_only') AS default_read_only,
-       current_setting('transaction_read_only') AS read_only;
+       current_setting('transaction_read_only') AS read_only,
+       set_config('search_path', quote_ident(CASE
+           WHEN NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                            WHERE n.nspname = %(schema)s AND c.relname = 'schedlock_migrations')
+            AND EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                        WHERE n.nspname = 'public' AND c.relname = 'schedlock_migrations')
+           THEN 'public' ELSE %(schema)s END), false) AS search_path;
+
+-- name: schema_in_use
+-- The schema this session's search_path names (session_setup's choice), whether it exists,
+-- and the other schemas of this database that hold a schedlock install.
+SELECT s.name AS schema, to_regnamespace(quote_ident(s.name)) IS NOT NULL AS exists,
+       ARRAY(SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.relname = 'schedlock_migrations' AND n.nspname <> s.name
+             ORDER BY n.nspname) AS elsewhere
+FROM (SELECT (parse_ident(current_setting('search_path')))[1] AS name) AS s;
 
 -- name: row_versions
 -- The operator's re-assertion: one query for every object it knows (uid, generation, state).
@@ -359,8 +378,26 @@ UNION ALL
 SELECT 'schedule' AS kind, uid, generation, state FROM schedlock_schedules
 WHERE uid = ANY(%(uids)s::text[]);
 
+-- name: schema_usage
+-- Whether the current role may use the schema on its search_path (without USAGE, PostgreSQL
+-- leaves it off the path: every table looks missing).
+SELECT current_user AS role, s.name AS schema,
+       to_regnamespace(quote_ident(s.name)) IS NOT NULL AND has_schema_privilege(s.name, 'USAGE')
+           AS usable
+FROM (SELECT (parse_ident(current_setting('search_path')))[1] AS name) AS s;
+
 -- name: migrations_recorded
-SELECT to_regclass('schedlock_migrations') IS NOT NULL AS recorded;
+-- Also: the schema on the search_path when it holds an install this role may not use (it
+-- lacks USAGE: PostgreSQL then leaves the schema off its path and every table looks missing),
+-- and another schema holding an install (the setting names the wrong one).
+SELECT to_regclass('schedlock_migrations') IS NOT NULL AS recorded, s.name AS location,
+       CASE WHEN EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                         WHERE n.nspname = s.name AND c.relname = 'schedlock_migrations')
+             AND NOT has_schema_privilege(s.name, 'USAGE')
+            THEN s.name END AS unusable_schema,
+       (SELECT min(n.nspname::text) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.relname = 'schedlock_migrations' AND n.nspname <> s.name) AS elsewhere
+FROM (SELECT (parse_ident(current_setting('search_path')))[1] AS name) AS s;
 
 -- name: create_migrations_table
 -- `additive` joined the table with the rollback rule: a table of an older release gets it

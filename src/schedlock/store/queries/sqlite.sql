@@ -133,7 +133,8 @@ WHERE uid IN (SELECT value FROM json_each(:uids));
 
 -- name: migrations_recorded
 SELECT EXISTS (SELECT 1 FROM sqlite_master
-               WHERE type = 'table' AND name = 'schedlock_migrations') AS recorded;
+               WHERE type = 'table' AND name = 'schedlock_migrations') AS recorded,
+       NULL AS location, NULL AS unusable_schema, NULL AS elsewhere;
 
 -- name: create_migrations_table
 -- A table of an older release gets `additive` from the connector (SQLite's ADD COLUMN has no
