@@ -35,7 +35,7 @@ def test_credentials_and_privileges_are_reported_and_recover(
         words, detail = (
             ("authentication failed: the role does not exist", f'role \\"{role}\\" does not exist')
             if problem == "unknown role"
-            else ("privileges missing: as the schema owner run", "permission denied")
+            else ("privileges missing: as the schema owner run", "lacks USAGE on schema")
         )
         wait_for(
             lambda: not_ready_because(sidecar, words), timeout=20, what=f"/readyz to say {words}"

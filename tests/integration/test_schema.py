@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from schedlock.store import MissingPrivileges, open_store
+from schedlock.store import MissingPrivileges, ensure_schema, open_store
 from testbed.pg_fixtures import PostgresService, as_role
 from testbed.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
 from testbed.sidecars import schedlock_cli as cli
@@ -180,8 +180,12 @@ def test_a_role_without_usage_on_the_schema_is_told_so(
     try:
         postgres.execute(f"GRANT SELECT ON schedlock.schedlock_migrations TO {role}", url=url)
         store = open_store(as_role(url, role))
+        status = asyncio.run(store.schema_status())
+        assert (status.usable, status.location, status.current) == (False, "schedlock", 0)
         with pytest.raises(MissingPrivileges, match="lacks USAGE on schema 'schedlock'"):
-            asyncio.run(store.schema_status())
+            asyncio.run(ensure_schema(store, migrate=False))
+        with pytest.raises(MissingPrivileges, match=f"role '{role}' lacks USAGE on schema"):
+            asyncio.run(ensure_schema(store, migrate=False, component="operator"))
         assert asyncio.run(store.missing_privileges("sidecar")) == (
             role,
             ["USAGE on schema schedlock"],

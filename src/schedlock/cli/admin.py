@@ -145,6 +145,12 @@ async def _why_missing(store: Store, missing: SchemaChanged) -> str:
         status = await store.schema_status()
     except StoreError as exc:
         return str(exc)
+    if not status.usable:
+        return (
+            f"this role lacks USAGE on schema {status.location}, which holds schedlock's "
+            "tables: as the schema owner run `schedlock migrate --grant-sidecar ROLE` (or "
+            "--grant-operator) for it"
+        )
     if status.current < status.latest:
         where = "" if status.location is None else f" in schema {status.location}"
         return (

@@ -147,10 +147,16 @@ async def ensure_schema(
     status = await store.schema_status()
     if status.too_new:
         raise schema_too_new(status.current, status.latest, status.blocking)
-    if status.current < status.latest:
+    if status.current < status.latest and status.usable:
         raise SchemaNotCurrent(
             f"schema at migration {status.current}, {status.latest} needed: "
             "run `schedlock migrate` with the owner role"
+        )
+    if not status.usable and component is None:
+        raise MissingPrivileges(
+            f"this role lacks USAGE on schema {status.location!r}, which holds schedlock's "
+            "tables: as the schema owner run `schedlock migrate --grant-sidecar ROLE` (or "
+            "--grant-operator) for it"
         )
     if component is not None:
         role, missing = await store.missing_privileges(component)

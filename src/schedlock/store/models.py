@@ -271,6 +271,9 @@ class SchemaStatus:
     location: str | None = None
     """PostgreSQL's schema holding the tables (the configured one, or ``public`` for an install
     an earlier release made there); None on SQLite."""
+    usable: bool = True
+    """False: the schema holds an install this role lacks USAGE on (``current`` reads 0:
+    PostgreSQL leaves such a schema off the role's path)."""
 
     @property
     def too_new(self) -> bool:

@@ -22,7 +22,6 @@ from schedlock.store import models
 from schedlock.store.contract import HeldLock, LockSession, Maintenance, Sessions
 from schedlock.store.errors import (
     LeadershipLost,
-    MissingPrivileges,
     SchemaNotCurrent,
     StoreError,
     schema_too_new,
@@ -290,7 +289,7 @@ class SqlStore:
         latest = latest_id(self.dialect)
         async with self.connector.session() as session:
             found = await session.fetch("migrations_recorded", {})
-            recorded, unusable = found[0]["recorded"], found[0]["unusable_schema"]
+            recorded, usable = found[0]["recorded"], found[0]["unusable_schema"] is None
             location, elsewhere = found[0]["location"], found[0]["elsewhere"]
             if not recorded and elsewhere is not None:
                 fix = f"set SCHEDLOCK_DATABASE_SCHEMA={elsewhere} (--database-schema)"
@@ -299,17 +298,11 @@ class SqlStore:
                     f"this database does: {fix} for every component",
                     summary=f"schedlock is installed in schema {elsewhere}, not {location}: {fix}",
                 )
-            if unusable is not None:
-                raise MissingPrivileges(
-                    f"this role lacks USAGE on schema {unusable!r}, which holds schedlock's "
-                    "tables: as the schema owner run `schedlock migrate --grant-sidecar ROLE` "
-                    "(or --grant-operator) for it"
-                )
             found = await session.fetch("schema_version", {}) if recorded else [{"id": 0}]
             current = int(found[0]["id"])
             blocking = await self._blocking(session, latest) if current > latest else None
         return models.SchemaStatus(
-            current=current, latest=latest, blocking=blocking, location=location
+            current=current, latest=latest, blocking=blocking, location=location, usable=usable
         )
 
     async def grant(
