@@ -36,7 +36,7 @@ import pytest
 from schedlock.core.identities import Scheduler, scheduler_of
 from schedlock.store.migrations import latest_id
 from testbed.checks import assert_duplicates_only_across_crash, assert_one_leader_at_a_time
-from testbed.pg_fixtures import as_role
+from testbed.pg_fixtures import PostgresService, as_role
 from testbed.procs import output
 from testbed.releases import Release
 from testbed.rows import fetch, insert_rows
@@ -304,3 +304,45 @@ def check_everything(group: SidecarGroup, url: str, uids: set[str], killed: set[
     for scheduler in Scheduler:
         seen = [int(e["term"]) for e in entries if scheduler_of(str(e["uid"])) is scheduler]
         assert terms[str(scheduler)] >= max(seen), (terms, scheduler)
+
+
+def test_a_fresh_install_in_its_schema_rolls_back_to_the_oldest_release(
+    tmp_path: Path,
+    postgres: PostgresService,
+    runtime_roles: tuple[str, str],
+    oldest_release: Release,
+) -> None:
+    """An install this release made (in schema ``schedlock``) rolled back to a release that
+    names tables unqualified and never sets a search_path, as docs/operations.md's rollback
+    steps say: the schema taken down, then each role's search_path put on the schema in the
+    database (``ALTER ROLE … IN DATABASE … SET search_path``); the old sidecars then fire the
+    rows published before.  The database's own path is PostgreSQL's default here, so nothing
+    else finds the schema for the old binary (without the step it sees no schedlock tables)."""
+    old, old_schema = oldest_release.schedlock, oldest_release.schema
+    database = postgres.create_database()
+    name = database.rsplit("/", 1)[1]
+    postgres.execute(f'ALTER DATABASE "{name}" SET search_path = "$user", public')
+    sidecar_role = runtime_roles[0]
+    run(NEW, database, "migrate", "--grant-sidecar", sidecar_role)
+    assert fetch(database, "SELECT to_regnamespace('schedlock') IS NOT NULL") == [(True,)]
+    run(NEW, database, "migrate", "--to", str(old_schema))
+    run(NEW, database, "publish", "--target", "demo", "--name", "before-rollback", "--at", "+1s")
+    sidecar_url = as_role(database, sidecar_role)
+    assert fetch(sidecar_url, "SELECT to_regclass('schedlock_publishes')") == [(None,)]
+    for role in ("postgres", sidecar_role):
+        postgres.execute(f'ALTER ROLE "{role}" IN DATABASE "{name}" SET search_path = schedlock')
+    group = SidecarGroup(tmp_path, sidecar_url, extra_env=ENV, replicas=0).start()
+    try:
+        group.add("back-0", program=old).wait_ready()
+        published = "SELECT state FROM schedlock.schedlock_publishes WHERE name = 'before-rollback'"
+        wait_for(
+            lambda: fetch(database, published) == [("published",)],
+            timeout=30,
+            what="the old release to fire the row published before the rollback",
+        )
+        assert [str(e["holder"]) for e in deliveries(group)] == ["back-0"]
+    finally:
+        group.stop()
+        for role in ("postgres", sidecar_role):
+            postgres.execute(f'ALTER ROLE "{role}" IN DATABASE "{name}" RESET search_path')
+        postgres.drop_database(database)

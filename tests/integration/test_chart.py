@@ -502,6 +502,7 @@ def test_operator_env_maps_one_to_one_onto_its_settings() -> None:
     }
     fixed = {name: entry.get("value") for name, entry in env.items() if "value" in entry}
     assert fixed == {
+        "SCHEDLOCK_DATABASE_SCHEMA": "schedlock",
         "SCHEDLOCK_WATCH_NAMESPACES": "",
         "SCHEDLOCK_HEALTH_PORT": "8080",
         "SCHEDLOCK_WEBHOOK_PORT": "9443",

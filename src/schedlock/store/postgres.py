@@ -383,7 +383,7 @@ async def _no_public_create(conn: Conn, report: GrantReport) -> GrantReport:
     cur = await conn.execute(Q["schema_create"], {"roles": list(report.serves)})
     row = await cur.fetchone()
     assert row is not None
-    schema = str(row["schema"])
+    schema = _name(row["schema"])
     revoked = None
     if row["public_may_create"]:
         await conn.execute(
@@ -456,6 +456,14 @@ async def _narrow_sidecar(
         report.columns_only.append(role)
 
 
+def _name(value: object) -> str:
+    """A name the catalogs returned: text, or bytes in a ``SQL_ASCII`` database (psycopg
+    decodes nothing there); catalog names are ours or PostgreSQL's, UTF-8 or ASCII."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
 async def _install_schema(conn: Conn) -> None:
     """Create the schema the session's search_path names when it does not exist yet (a first
     ``migrate``), after refusing a second install beside one in another schema: advisory lock
@@ -464,7 +472,7 @@ async def _install_schema(conn: Conn) -> None:
     cur = await conn.execute(Q["schema_in_use"])
     row = await cur.fetchone()
     assert row is not None
-    schema, elsewhere = str(row["schema"]), list(row["elsewhere"])
+    schema, elsewhere = _name(row["schema"]), [_name(n) for n in row["elsewhere"]]
     if elsewhere:
         raise MigrationRefused(
             f"schedlock is installed in schema {elsewhere[0]!r} of this database, and the "
@@ -1041,7 +1049,7 @@ class PostgresConnector:
             cur = await conn.execute(Q["schema_in_use"])
             found = await cur.fetchone()
             assert found is not None
-            schema = str(found["schema"])
+            schema = _name(found["schema"])
             for role, grants in (
                 (sidecar_role, SIDECAR_GRANTS + PRUNE_GRANTS),
                 (operator_role, OPERATOR_GRANTS + PRUNE_GRANTS),
