@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import pytest
 
 from schedlock.core.aio import now
 from schedlock.core.scheduling import AttemptResult
-from schedlock.sidecar.delivery import Delivery
+from schedlock.sidecar.delivery import BodyError, Delivery
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
@@ -280,6 +280,66 @@ def test_while_the_app_is_away_rows_go_back_unsent() -> None:
         assert app.started == []
         [(_, completion)] = rows.completed
         assert (completion.outcome, completion.sent) == ("retry", False)
+        await term.stop()
+
+    run(body())
+
+
+@dataclass
+class BrokenApp(App):
+    """An app whose delivery of some rows fails before anything is sent: a body that cannot be
+    built (BodyError) or a bug on that row's path (any other exception)."""
+
+    broken: dict[int, Exception] = field(default_factory=dict)
+
+    async def deliver(self, fire: FireRow, term: int) -> Delivery:
+        if fire.id in self.broken:
+            raise self.broken[fire.id]
+        return await super().deliver(fire, term)
+
+
+def test_a_row_is_the_unit_of_failure() -> None:
+    """Rows that cannot be sent, each for its own reason, end ``failed`` unsent with that
+    reason; the rest of the same claim publishes and the term goes on firing (issue 21)."""
+
+    async def body() -> None:
+        rows = Rows()
+        app = BrokenApp(
+            broken={
+                2: BodyError("the delivery body cannot be built: payload nests too deep"),
+                3: RuntimeError("a bug on this row's path\nsecond line"),
+            }
+        )
+        for number in range(1, 7):
+            rows.add(number)
+        rows.due[3] = (rows.due[3][0], replace(rows.due[3][1], attempt=4))  # row 4: 4 of 3
+        rows.due[4] = (rows.due[4][0], replace(rows.due[4][1], problem="payload cannot be read"))
+        rows.due[5] = (rows.due[5][0], replace(rows.due[5][1], problem="x", counted=False))
+        term = start(rows, app)
+        await asyncio.sleep(1)
+        done = {c.id: c for _, c in rows.completed}
+        assert {n: c.outcome for n, c in done.items()} == {
+            1: "published",
+            2: "failed",
+            3: "failed",
+            4: "failed",
+            5: "failed",
+            6: "failed",
+        }
+        assert (
+            done[2].error == "not sent: the delivery body cannot be built: payload nests too deep"
+        )
+        assert done[3].error == "not sent: RuntimeError: a bug on this row's path"
+        assert done[4].error == "no attempts left (3 allowed)"
+        assert done[5].error == "payload cannot be read"
+        # Unsent: the claim's attempt is given back, except for an orphan that never had one.
+        assert [done[n].sent for n in (2, 3, 4, 5, 6)] == [False, False, False, False, True]
+        assert sorted(n for _, n in app.started) == [1], "only the good row reached the app"
+        rows.add(7)
+        assert rows.notify is not None
+        rows.notify("publish/default/demo")
+        await asyncio.sleep(1)
+        assert rows.outcomes()[7] == "published", "the term goes on"
         await term.stop()
 
     run(body())

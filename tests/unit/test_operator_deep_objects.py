@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import platform
 import sys
 import threading
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import kopf
 import pytest
 from kopf._cogs.structs import diffs
 
+from schedlock.core.logs import Event
 from schedlock.operator import handlers, mapping
 
 DEEP = handlers.API_MAX_DEPTH
@@ -64,3 +66,24 @@ def test_the_operator_reads_it_and_refuses_it_in_one_line(configured: None) -> N
     worker.start()
     worker.join()
     assert found == [["spec.payload nests deeper than 32 levels"]]
+
+
+def test_an_interpreter_that_cannot_read_them_is_said_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """configure() checks what it relies on: here (3.11, the image's) it holds and nothing is
+    said; an interpreter whose limit stops short (simulated by a depth beyond the raised limit)
+    is named in a warning with its version, at start rather than at the first deep object."""
+    before = sys.getrecursionlimit()
+    try:
+        with caplog.at_level("WARNING", logger="schedlock.operator.inject"):
+            handlers.configure(kopf.OperatorSettings())
+        assert [
+            r for r in caplog.records if getattr(r, "event", "") == Event.DEEP_OBJECTS_UNREADABLE
+        ] == []
+        assert handlers.deep_objects_problem() is None
+        problem = handlers.deep_objects_problem(depth=sys.getrecursionlimit() * 2)
+        assert problem is not None and problem.startswith(f"Python {platform.python_version()} ")
+        assert "cannot read JSON nested" in problem and "Python 3.11" in problem
+    finally:
+        sys.setrecursionlimit(before)

@@ -79,6 +79,7 @@ class Event(StrEnum):
     OPERATOR_STARTED = "operator_started"
     OPERATOR_STOPPED = "operator_stopped"
     OPERATOR_FATAL = "operator_fatal"
+    DEEP_OBJECTS_UNREADABLE = "deep_objects_unreadable"
     STATUS_SYNC_ACTIVE = "status_sync_active"
     STATUS_SYNC_INTERRUPTED = "status_sync_interrupted"
     STATUS_SYNC_FAILED = "status_sync_failed"

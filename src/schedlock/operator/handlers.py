@@ -22,7 +22,10 @@ rule written down in ``schedlock.operator.reassert``).
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
+import platform
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -67,6 +70,12 @@ def configure(settings: kopf.OperatorSettings) -> None:
     the webhook's 422, or the handlers' InvalidSpec), which walks it without recursion.
     """
     sys.setrecursionlimit(max(sys.getrecursionlimit(), FRAMES_PER_LEVEL * API_MAX_DEPTH + 1_000))
+    problem = deep_objects_problem()
+    if problem is not None:
+        log.warning(
+            "cannot read the deepest objects the API server stores",
+            extra={"event": Event.DEEP_OBJECTS_UNREADABLE, "error": problem},
+        )
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATIONS_PREFIX
@@ -80,6 +89,23 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.batching.error_delays = [1, 2, 5, 10, 20, 30]
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
+
+
+def deep_objects_problem(depth: int = API_MAX_DEPTH) -> str | None:
+    """Why this interpreter cannot take an object nested ``depth`` deep through what kopf does
+    with each (json.loads, copy.deepcopy), or None.  The raised recursion limit is what lets
+    it on Python 3.11, whose JSON decoder counts against that limit; an interpreter that
+    bounds such recursion otherwise (a C stack limit) is told apart here, at start."""
+    text = "[" * depth + "]" * depth
+    try:
+        copy.deepcopy(json.loads(text))
+    except RecursionError:
+        return (
+            f"Python {platform.python_version()} cannot read JSON nested {depth} deep (the "
+            "API server stores objects that deep): one ScheduledPublish nested so would stop "
+            "this operator's watches; run the image's Python 3.11"
+        )
+    return None
 
 
 class ObjectIndex:
