@@ -115,6 +115,8 @@ def test_hostile_answers_are_bounded_and_recorded(
             "SCHEDLOCK_TARGET": "demo",
             "SCHEDLOCK_TARGET_URL": f"http://127.0.0.1:{hostile_port}{path}",
             "SCHEDLOCK_REQUEST_TIMEOUT_SECONDS": "1",
+            # the text format, where a raw control character would reach a terminal
+            "SCHEDLOCK_LOG_FORMAT": "text" if path == "/escapes" else "json",
         },
     ).start()
     try:
@@ -138,6 +140,9 @@ def test_hostile_answers_are_bounded_and_recorded(
         if error_part:
             assert result[2] is not None and error_part in result[2], result
             assert result[2].count("from app") <= 1, result  # said once, not twice
+        if path == "/escapes":  # the sidecar's own log line says it escaped, too
+            logged = sidecar.log_text()
+            assert "\\x1b[2J\\x07boom" in logged and "\x1b" not in logged and "\x07" not in logged
             assert not any(c in result[2] for c in "\x1b\x07\r\n\x9b"), result
         rss_kb = int(
             next(
