@@ -103,6 +103,7 @@ def test_missing_privileges_are_named_until_granted(
 ) -> None:
     with psycopg.connect(migrated_database, autocommit=True) as conn:
         # enough to read the schema version, not enough to write a row
+        conn.execute(f'GRANT USAGE ON SCHEMA schedlock TO "{role}"')
         conn.execute(f'GRANT SELECT ON schedlock_migrations, schedlock_publishes TO "{role}"')
     operator = start_operator(tmp_path, kube, as_role(migrated_database, role))
     try:
