@@ -388,7 +388,8 @@ def tenancy_table(doc: dict[str, Any]) -> str:
     rows = t.get("rows") or {}
     lines += [
         "",
-        f"{t.get('trials')} trials, the three modes in turns; per trial and mode "
+        f"{t.get('trials')} trials, the three modes in turns, each trial starting with the "
+        "next; per trial and mode "
         f"{rows.get('lateness')} rows for lateness and {rows.get('throughput')} for throughput. "
         f"Ratios are over the owner's. Target: either role costs at most "
         f"{_num((cost or 0) * 100, ' %')} (lateness ≤ {_num(1 + (cost or 0))}×, throughput ≥ "
