@@ -11,14 +11,15 @@ each on a fresh database of the benchmark's one PostgreSQL:
   (``migrate --grant-sidecar ROLE --namespace NS``): the policies run and filter.
 
 Neither role is a superuser: both are subject to the policies, as a real install's are.  Per
-mode and each of ``tenancy_trials`` trials: lateness (``tenancy_lateness_rows`` due evenly over
-``tenancy_lateness_span_s``) and throughput (``tenancy_throughput_rows`` in ``TENANCY_BURSTS``
-bursts due at once), :mod:`bench.trials`.  The three groups run at once and take turns at a
-fine grain: their lateness rows interleaved (the modes a third of a row's spacing apart), their
-bursts one after another with the order rotating.  Only one mode is busy at any moment, and the
-machine's load, on whatever timescale, falls on all three alike: on a shared two-core machine,
-whole modes taken in turns (the design before) varied 3× between trials of one mode, more
-than the cost measured.  The ratios are each mode's figure over the owner's.  Target (the
+mode and each of ``tenancy_trials`` trials: lateness (``tenancy_lateness_rows`` due evenly) and
+throughput (``tenancy_throughput_rows`` in ``TENANCY_BURSTS`` bursts due at once),
+:mod:`bench.trials`.  The three groups run at once and take turns at a fine grain: their
+lateness rows interleaved (one row due every ``tenancy_lateness_span_s / rows`` seconds in all,
+the modes in turn: one mode's rate, each mode's rows spanning three times as long), their
+bursts one after another with the order rotating.  Only one mode is busy at any moment, and
+the machine's load, on whatever timescale, falls on all three alike: on a shared two-core
+machine, whole modes taken in turns (the design before) varied 3× between trials of one mode,
+more than the cost measured.  The ratios are each mode's figure over the owner's.  Target (the
 issue's): a role under row-level security, either one, costs at most 10 % — lateness p50 and
 p99 ≤ 1.1×, throughput ≥ 0.9× the owner's.
 """
@@ -86,10 +87,10 @@ def _turn(trial: int) -> tuple[str, ...]:
 
 async def _trial(ctx: Context, trial: int) -> dict[str, tuple[list[float], dict[str, Any]]]:
     """The three modes side by side, each a sidecar group on a fresh database of its own:
-    lateness rows interleaved (each mode's rows ``span / rows`` apart, the modes a third of that
-    apart from each other), then throughput in bursts taken in turns (``TENANCY_BURSTS`` per
-    mode, the order rotating), so that the machine's load, on whatever timescale, falls on all
-    three alike.  Only one mode is busy at any moment: an idle group costs nothing."""
+    lateness rows interleaved (a row every ``span / rows`` seconds, the modes in turn), then
+    throughput in bursts taken in turns (``TENANCY_BURSTS`` per mode, the order rotating), so
+    that the machine's load, on whatever timescale, falls on all three alike.  Only one mode is
+    busy at any moment: an idle group costs nothing."""
     p = ctx.profile
     insts = {mode: TenancyInstance(ctx, mode, trial) for mode in MODES}
     try:
@@ -99,6 +100,8 @@ async def _trial(ctx: Context, trial: int) -> dict[str, tuple[list[float], dict[
         for mode, inst in insts.items():
             await inst.wait_ready()
             await until(inst.leader_name, 60, 0.05, f"a leader ({mode})")
+        # One row due every span / rows seconds overall, the rate one mode had alone: each
+        # mode's rows span len(MODES) times as long, the modes one row's spacing apart.
         spacing = p.tenancy_lateness_span_s / p.tenancy_lateness_rows
         start = time.time() + trials.LEAD_IN_S
         late = dict(
@@ -110,9 +113,9 @@ async def _trial(ctx: Context, trial: int) -> dict[str, tuple[list[float], dict[
                             insts[mode],
                             "late",
                             count=p.tenancy_lateness_rows,
-                            span_s=p.tenancy_lateness_span_s,
+                            span_s=p.tenancy_lateness_span_s * len(MODES),
                             drain_s=p.lateness_drain_s,
-                            start_at=start + place * spacing / len(MODES),
+                            start_at=start + place * spacing,
                         )
                         for place, mode in enumerate(_turn(trial))
                     )
