@@ -392,7 +392,7 @@ def tenancy_table(doc: dict[str, Any]) -> str:
         f"per trial and mode {rows.get('lateness')} rows for lateness (the modes' rows "
         f"interleaved, at one mode's rate in all) and {rows.get('throughput')} for throughput "
         f"(in {rows.get('bursts')} bursts, the modes' bursts one after another, the order "
-        "rotating). "
+        "rotating; the median burst is shown). "
         f"Ratios are over the owner's. Target: either role costs at most "
         f"{_num((cost or 0) * 100, ' %')} (lateness ≤ {_num(1 + (cost or 0))}×, throughput ≥ "
         f"{_num(1 - (cost or 0))}×): {_check(targets_.get('met'))}.",
