@@ -388,9 +388,12 @@ def tenancy_table(doc: dict[str, Any]) -> str:
     rows = t.get("rows") or {}
     lines += [
         "",
-        f"{t.get('trials')} trials, the three modes in turns; per trial and mode "
-        f"{rows.get('lateness')} rows for lateness and {rows.get('throughput')} for throughput. "
-        f"Ratios are over the owner's. Target: a per-namespace role costs at most "
+        f"{t.get('trials')} trials of the three modes side by side, in turns at a fine grain; "
+        f"per trial and mode {rows.get('lateness')} rows for lateness (the modes' rows "
+        f"interleaved, at one mode's rate in all) and {rows.get('throughput')} for throughput "
+        f"(in {rows.get('bursts')} bursts, the modes' bursts one after another, the order "
+        "rotating; the median burst is shown). "
+        f"Ratios are over the owner's. Target: either role costs at most "
         f"{_num((cost or 0) * 100, ' %')} (lateness ≤ {_num(1 + (cost or 0))}×, throughput ≥ "
         f"{_num(1 - (cost or 0))}×): {_check(targets_.get('met'))}.",
     ]

@@ -23,9 +23,12 @@ from bench.systems import Instance
 LEAD_IN_S = 2.0
 
 
-def insert(inst: Instance, prefix: str, count: int, spacing: float) -> float:
-    """``count`` rows on the instance's key, the first due LEAD_IN_S from now; returns when."""
-    start = time.time() + LEAD_IN_S
+def insert(
+    inst: Instance, prefix: str, count: int, spacing: float, start_at: float | None = None
+) -> float:
+    """``count`` rows on the instance's key, the first due LEAD_IN_S from now (or at
+    ``start_at``, epoch seconds); returns when."""
+    start = time.time() + LEAD_IN_S if start_at is None else start_at
     insert_due(
         inst.db_url,
         prefix=prefix,
@@ -45,9 +48,15 @@ def late_ms(inst: Instance, due: dict[str, float], cutoff: float) -> list[float]
 
 
 async def lateness(
-    inst: Instance, prefix: str, *, count: int, span_s: float, drain_s: float
+    inst: Instance,
+    prefix: str,
+    *,
+    count: int,
+    span_s: float,
+    drain_s: float,
+    start_at: float | None = None,
 ) -> list[float]:
-    start = insert(inst, prefix, count, span_s / count)
+    start = insert(inst, prefix, count, span_s / count, start_at)
     due = due_times(inst.db_url, prefix)
     end = start + span_s + drain_s
     while time.time() < end and not set(due) <= set(inst.log.first_arrivals()):

@@ -127,6 +127,8 @@ SIDECAR_ROLE = "schedlock_sidecar"
 OPERATOR_ROLE = "schedlock_operator"
 
 
+# The schema before the column grants (migration 0010), where their upgrade tests start.
+BEFORE_COLUMN_GRANTS = 9
 # What `migrate --grant-sidecar ROLE` granted before the column grants (migration 0010): writes
 # on whole tables, and every namespace ('*').
 TABLE_WIDE_SIDECAR_GRANTS = (

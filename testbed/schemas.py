@@ -3,7 +3,8 @@
 :func:`pg_schema` and :func:`sqlite_schema` give the same shape on both dialects (tables'
 column names, index names), so a replay of the migrations on each can be compared;
 :func:`pg_definitions` is PostgreSQL's whole definition (column types and defaults, index
-definitions, storage parameters, triggers, functions), for down-then-up against a fresh replay.
+definitions, storage parameters, triggers, functions, row-level security and its policies), for
+down-then-up against a fresh replay.
 """
 
 from __future__ import annotations
@@ -97,5 +98,14 @@ def pg_definitions(url: str, schema: str = DEFAULT_SCHEMA) -> dict[str, set[tupl
             "functions": rows(
                 "SELECT proname, pg_get_functiondef(oid) FROM pg_proc "
                 "WHERE pronamespace = %(schema)s::regnamespace"
+            ),
+            "row security": rows(
+                "SELECT relname, relrowsecurity, relforcerowsecurity FROM pg_class "
+                "WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'"
+            ),
+            "policies": rows(
+                "SELECT polrelid::regclass::text, polname, polpermissive, polcmd, "
+                "polroles::regrole[]::text, pg_get_expr(polqual, polrelid), "
+                "pg_get_expr(polwithcheck, polrelid) FROM pg_policy"
             ),
         }

@@ -609,12 +609,11 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
     ``--narrow``: then the same verbs still run, a payload write does not; taking the schema
     down gives them back."""
     from schedlock.core.identities import slot_uid
-    from schedlock.store.migrations import latest_id
-    from testbed.pg_fixtures import as_role, grant_table_wide
+    from testbed.pg_fixtures import BEFORE_COLUMN_GRANTS, as_role, grant_table_wide
 
     sidecar = runtime_roles[0]
     # The release before installed into `public`; this one keeps an install there.
-    asyncio.run(open_store(database, schema="public").migrate(to=latest_id("postgres") - 1))
+    asyncio.run(open_store(database, schema="public").migrate(to=BEFORE_COLUMN_GRANTS))
     owner = open_store(database)
     grant_table_wide(postgres, database, sidecar)
     asyncio.run(owner.migrate())
@@ -678,6 +677,6 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
         conn.execute(rewrite, ("after",))
     # Taken down again (a rollback), the role has its table-wide writes back: the binaries of
     # the release before run under it without a grant of their own.
-    asyncio.run(owner.migrate(to=latest_id("postgres") - 1))
+    asyncio.run(owner.migrate(to=BEFORE_COLUMN_GRANTS))
     with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
         assert conn.execute(rewrite, ("after",)).rowcount == 1

@@ -10,8 +10,7 @@ import psycopg
 import pytest
 
 from schedlock.store import open_store
-from schedlock.store.migrations import latest_id
-from testbed.pg_fixtures import PostgresService, as_role, grant_table_wide
+from testbed.pg_fixtures import BEFORE_COLUMN_GRANTS, PostgresService, as_role, grant_table_wide
 from testbed.rows import insert_rows, row_states, wait_published
 from testbed.sidecars import SidecarGroup, wait_for
 
@@ -57,7 +56,7 @@ def test_a_sidecar_role_of_the_release_before_fires_through_the_column_grants(
     role (`--grant-sidecar ROLE --narrow`); after that the role may not rewrite a payload."""
     sidecar_role = runtime_roles[0]
     # The release before installed into `public`; this one keeps an install there.
-    asyncio.run(open_store(database, schema="public").migrate(to=latest_id("postgres") - 1))
+    asyncio.run(open_store(database, schema="public").migrate(to=BEFORE_COLUMN_GRANTS))
     owner = open_store(database)
     grant_table_wide(postgres, database, sidecar_role)
     asyncio.run(owner.migrate())

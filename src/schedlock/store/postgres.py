@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import functools
 import logging
@@ -171,6 +172,14 @@ PRUNE_GRANTS = (
     ("SELECT, DELETE", ("TABLE schedlock_reserves",)),
     ("SELECT, UPDATE", ("TABLE schedlock_maintenance",)),
 )
+# Writing a role's row-level security policies (migration 0011, when a grant changes what it may
+# serve) takes an ACCESS EXCLUSIVE lock on the four tables: every statement of the sidecars on
+# them queues behind the grant while it waits.  So it waits at most this long per try, and tries
+# again after a pause (the sidecars' statements last milliseconds; a long transaction on the
+# tables, e.g. a pg_dump, makes the grant fail with the reason instead of stalling the leaders).
+POLICY_LOCK_TIMEOUT_MS = 200
+POLICY_LOCK_ATTEMPTS = 25
+POLICY_LOCK_PAUSE_SECONDS = 0.3
 AFFINITY_PROBES = 1  # each probe is one more server connection for a moment
 # A lock wait holds a snapshot this long at most (the ``lock`` query says why); a slice costs
 # the server one subtransaction and a commit, the client nothing.
@@ -406,6 +415,15 @@ async def _no_public_create(conn: Conn, report: GrantReport) -> GrantReport:
             f"(REVOKE CREATE ON SCHEMA {schema} FROM …) so that a runtime role has no DDL"
         )
     return dataclasses.replace(report, revoked_public_create=revoked)
+
+
+def _policy_lock_refused(role: str) -> str:
+    return (
+        f"could not write the row-level security policies of role {role!r}: their tables stayed "
+        f"locked by other transactions through {POLICY_LOCK_ATTEMPTS} tries of "
+        f"{POLICY_LOCK_TIMEOUT_MS} ms (a long transaction on the schedlock tables, such as a "
+        "pg_dump: see pg_stat_activity); nothing was granted, run the grant again when it ends"
+    )
 
 
 def privilege_checks(grants: Grants) -> list[tuple[str, tuple[str, ...], str]]:
@@ -1032,7 +1050,10 @@ class PostgresConnector:
         """Grant the least privileges each runtime role needs (run as the schema owner) and
         record the namespaces it may serve (migration 0008's mapping, which row-level security
         enforces): ``namespaces`` added to the role's, or with ``only`` in place of all of them;
-        none: every namespace (``*``, single-tenant).  A sidecar's role gets the columns its
+        none: every namespace (``*``, single-tenant).  The mapping's trigger (migration 0011)
+        writes the role's policies in the same transaction, which waits for their tables' lock
+        a bounded time per try (:data:`POLICY_LOCK_TIMEOUT_MS`), so that sidecars running
+        meanwhile are held up no longer than that.  A sidecar's role gets the columns its
         loops change and migration 0010's functions; with ``narrow`` the table-wide writes an
         earlier release granted it are revoked too (only once no sidecar of an earlier release
         runs under it: those write the columns and rows themselves).
@@ -1062,28 +1083,41 @@ class PostgresConnector:
                     raise StoreError(
                         f"role {role!r} does not exist: create it first (CREATE ROLE …)"
                     )
-                async with conn.transaction():
-                    await conn.execute(
-                        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-                            sql.Identifier(schema), sql.Identifier(role)
-                        )
-                    )
-                    if role == sidecar_role:
-                        await _narrow_sidecar(
-                            conn, role, report, also_operator=operator_role, narrow=narrow
-                        )
-                    for privileges, objects in grants:
-                        for obj in objects:
+                for attempt in range(1, POLICY_LOCK_ATTEMPTS + 1):
+                    before = copy.deepcopy(report)
+                    try:
+                        async with conn.transaction():
                             await conn.execute(
-                                sql.SQL("GRANT {} ON {} TO {}").format(
-                                    sql.SQL(privileges), sql.SQL(obj), sql.Identifier(role)
+                                Q["policy_lock_timeout"], {"ms": str(POLICY_LOCK_TIMEOUT_MS)}
+                            )
+                            await conn.execute(
+                                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                                    sql.Identifier(schema), sql.Identifier(role)
                                 )
                             )
-                    params = {"role": role, "namespaces": list(scope), "only": only}
-                    cur = await conn.execute(Q["record_namespaces"], params)
-                    served = await cur.fetchone()
-                    assert served is not None
-                    report.serves[role] = tuple(served["namespaces"])
+                            if role == sidecar_role:
+                                await _narrow_sidecar(
+                                    conn, role, report, also_operator=operator_role, narrow=narrow
+                                )
+                            for privileges, objects in grants:
+                                for obj in objects:
+                                    await conn.execute(
+                                        sql.SQL("GRANT {} ON {} TO {}").format(
+                                            sql.SQL(privileges), sql.SQL(obj), sql.Identifier(role)
+                                        )
+                                    )
+                            # Migration 0011's trigger rewrites the roles' policies from it.
+                            params = {"role": role, "namespaces": list(scope), "only": only}
+                            cur = await conn.execute(Q["record_namespaces"], params)
+                            served = await cur.fetchone()
+                            assert served is not None
+                            report.serves[role] = tuple(served["namespaces"])
+                        break
+                    except psycopg.errors.LockNotAvailable as exc:
+                        report = before
+                        if attempt == POLICY_LOCK_ATTEMPTS:
+                            raise StoreError(_policy_lock_refused(role)) from exc
+                        await asyncio.sleep(POLICY_LOCK_PAUSE_SECONDS)
             if report.serves:
                 report = await _no_public_create(conn, report)
             return report

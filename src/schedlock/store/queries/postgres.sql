@@ -315,10 +315,17 @@ SELECT has_table_privilege(%(role)s, 'schedlock_schedules', 'INSERT') AS operato
        has_table_privilege(%(role)s, 'schedlock_publishes', 'UPDATE')
        OR has_table_privilege(%(role)s, 'schedlock_publishes', 'INSERT') AS table_wide;
 
+-- name: policy_lock_timeout
+-- A grant's transaction waits this long for a lock (POLICY_LOCK_TIMEOUT_MS): the ACCESS
+-- EXCLUSIVE one that writing row-level security policies takes (record_namespaces).
+SELECT set_config('lock_timeout', %(ms)s, true);
+
 -- name: record_namespaces
 -- `migrate --grant-… [--namespace NS …] [--only]` (migration 0008's mapping, as the owner): add
 -- the namespaces to the role's, or with `only` make them all of it; answers every namespace the
 -- role may serve then (the statement's CTEs see the table as it was: the answer is computed).
+-- Migration 0011's trigger on the mapping then rewrites the policies of every role whose
+-- mapping changed (constant predicates TO the role), in this statement.
 WITH dropped AS (
     DELETE FROM schedlock_namespace_roles
     WHERE role = %(role)s AND %(only)s AND namespace <> ALL (%(namespaces)s::text[])

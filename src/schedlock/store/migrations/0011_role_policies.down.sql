@@ -1,0 +1,4 @@
+-- loses data: no (policies and functions only; every row and the mapping stay)
+-- 0011 role policies, undone: PostgreSQL's part drops the per-role policies, their functions
+-- and the mapping's trigger, and puts 0008's policies back, which read the same mapping
+-- (0011_role_policies.down.postgres.sql).

@@ -1,0 +1,8 @@
+-- additive: yes (policies and functions only: a role sees and writes exactly the rows it did on schema 10, now through policies of its own; a schema-10 binary's `migrate --grant-…` still only writes the mapping, and the mapping's trigger writes the policies)
+-- 0011 role policies: row-level security at no cost per statement.  0008's policies read each
+-- role's namespaces through a SECURITY DEFINER function on every statement (twice for an
+-- UPDATE); here every mapped role gets policies of its own, TO that role, whose predicate is a
+-- constant written from the mapping, so the hot path evaluates no function at all.  The
+-- mapping stays the one source of truth: a trigger on it rewrites the policies whenever it
+-- changes (0011_role_policies.postgres.sql).  SQLite has no roles (one process owns the
+-- file): nothing.
