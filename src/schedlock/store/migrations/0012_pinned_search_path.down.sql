@@ -1,0 +1,3 @@
+-- loses data: no (function settings only)
+-- 0012 pinned search_path, undone: the three trigger functions run with the caller's
+-- search_path again, as before (0012_pinned_search_path.down.postgres.sql).

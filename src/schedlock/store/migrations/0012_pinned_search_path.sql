@@ -1,0 +1,6 @@
+-- additive: yes (function settings only: every function does what it did, its names now resolved in schedlock's schema whatever the caller's search_path)
+-- 0012 pinned search_path: every function of the schema resolves names in the schema only
+-- (then pg_temp), as 0008-0011's do already; this pins the three that predate the rule (the
+-- NOTIFY triggers of 0001 and the payload bound's trigger of 0007), which run as the writer
+-- with the writer's search_path.  SQLite has no functions: nothing
+-- (0012_pinned_search_path.postgres.sql).
