@@ -393,7 +393,8 @@ def tenancy_table(doc: dict[str, Any]) -> str:
         f"interleaved, at one mode's rate in all) and {rows.get('throughput')} for throughput "
         f"(in {rows.get('bursts')} bursts, the modes' bursts one after another, the order "
         "rotating; the median burst is shown). "
-        f"Ratios are over the owner's. Target: either role costs at most "
+        "Ratios are over the owner's (throughput: the median of each burst's rate over the "
+        "owner's burst of the same round). Target: either role costs at most "
         f"{_num((cost or 0) * 100, ' %')} (lateness ≤ {_num(1 + (cost or 0))}×, throughput ≥ "
         f"{_num(1 - (cost or 0))}×): {_check(targets_.get('met'))}.",
     ]

@@ -64,8 +64,10 @@ async def lateness(
     return late_ms(inst, due, time.time())
 
 
-async def throughput(inst: Instance, prefix: str, *, rows: int, cap_s: float) -> dict[str, Any]:
-    due = insert(inst, prefix, rows, 0.0)
+async def throughput(
+    inst: Instance, prefix: str, *, rows: int, cap_s: float, lead_s: float = LEAD_IN_S
+) -> dict[str, Any]:
+    due = insert(inst, prefix, rows, 0.0, time.time() + lead_s)
     end = due + cap_s
 
     def arrivals() -> list[float]:
