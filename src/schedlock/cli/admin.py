@@ -55,6 +55,7 @@ from schedlock.store import (
     ServedNamespaces,
     Store,
     StoreError,
+    ensure_schema,
     open_store,
 )
 
@@ -140,23 +141,12 @@ def _shown(message: str, db: DatabaseSettings) -> str:
 
 
 async def _why_missing(store: Store, missing: SchemaChanged) -> str:
-    """Why a command's table is missing, in words that say what to do."""
+    """Why a command's table is missing, in words that say what to do: the store's own schema
+    check (not migrated, installed elsewhere, no USAGE on the schema), else what it found."""
     try:
-        status = await store.schema_status()
+        await ensure_schema(store, migrate=False)
     except StoreError as exc:
         return str(exc)
-    if not status.usable:
-        return (
-            f"this role lacks USAGE on schema {status.location}, which holds schedlock's "
-            "tables: as the schema owner run `schedlock migrate --grant-sidecar ROLE` (or "
-            "--grant-operator) for it"
-        )
-    if status.current < status.latest:
-        where = "" if status.location is None else f" in schema {status.location}"
-        return (
-            f"the schema{where} is at migration {status.current}, {status.latest} needed: run "
-            "`schedlock migrate` with the owner role"
-        )
     return str(missing)
 
 
