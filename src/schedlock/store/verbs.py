@@ -26,7 +26,13 @@ from schedlock.store.errors import (
     StoreError,
     schema_too_new,
 )
-from schedlock.store.keys import LockKey
+from schedlock.store.keys import (
+    LEADER_CLASS_ID,
+    SCHEDLOCK_CLASS_ID,
+    STANDBY_CLASS_ID,
+    LockKey,
+    TargetLock,
+)
 from schedlock.store.migrations import (
     Migration,
     blocking,
@@ -330,8 +336,14 @@ class SqlStore:
 
     # -- sessions -------------------------------------------------------------------------------
 
-    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> LockSession:
-        return self.connector.lock_session(key, holder, lease_seconds)
+    def lock_session(
+        self,
+        key: LockKey,
+        holder: str,
+        lease_seconds: float,
+        target: TargetLock | None = None,
+    ) -> LockSession:
+        return self.connector.lock_session(key, holder, lease_seconds, target)
 
     async def listen(
         self,
@@ -371,12 +383,23 @@ class SqlStore:
         """Every key's term and rows, joined by who holds and waits for its lock."""
         async with self.connector.session() as session:
             keys = await session.fetch("key_status", {})
-            held = await session.fetch("key_sessions", {})
+            held = await session.fetch("key_sessions", {"leader_classid": LEADER_CLASS_ID})
         sessions = {_key_of(r): r for r in held}
         return [
             from_row(models.KeyStatus, {**r, **sessions.get(_key_of(r), {})}, self.codec)
             for r in keys
         ]
+
+    async def session_budget(self) -> models.SessionBudget:
+        """Sessions held by schedlock's replicas (leaders, standbys) and the server's limit."""
+        params = {
+            "leader_classid": LEADER_CLASS_ID,
+            "key_classid": SCHEDLOCK_CLASS_ID,
+            "standby_classid": STANDBY_CLASS_ID,
+        }
+        async with self.connector.session() as session:
+            row = (await session.fetch("session_budget", params))[0]
+        return from_row(models.SessionBudget, row, self.codec)
 
     async def get_publish(self, uid: str) -> models.PublishRecord | None:
         return await self._record(models.PublishRecord, "get_publish", uid)

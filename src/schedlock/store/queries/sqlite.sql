@@ -155,6 +155,11 @@ SELECT scheduler, namespace, target,
        CASE WHEN released_at IS NULL AND term > 0 THEN holder END AS lock_holder, 0 AS waiters
 FROM schedlock_terms;
 
+-- name: session_budget
+-- One process owns the file: no server sessions to count.
+SELECT 0 AS leaders, 0 AS standbys, 0 AS sessions, 0 AS client_sessions,
+       NULL AS max_connections;
+
 
 -- ── retention (schedlock.store.retention) ────────────────────────────────────────────────────
 -- One process, one connection: each batch is its own short session, so the firing loops'
