@@ -1,9 +1,16 @@
-"""Leadership of one lock key — the state machine every sidecar replica runs per key.
+"""Leadership of one target's lock keys — the state machine every sidecar replica runs.
 
-A lock key is (scheduler, namespace, target).  Exactly one replica per key leads; at most
-``standbys`` (``SCHEDLOCK_STANDBYS``, default 2) wait for the lock on a session of their own;
-every other replica is a *reserve* and holds no session at all.  So a key costs at most
-``1 + standbys`` database sessions, whatever the replica count::
+A lock key is (scheduler, namespace, target); a sidecar runs the keys of its target on ONE
+session.  A session can wait for one lock at a time, so replicas wait for the target's
+leadership lock (``schedlock.store.keys.TargetLock``); its holder takes each key's own lock on
+the same session without waiting (``LockSession.lock_key``) and leads that key; a key whose
+lock another session holds (a replica of a release that locked per key, during a rolling
+update; a squatter) is tried again every ``KEY_RETRY_SECONDS`` while the others are led.  The
+keys' own locks fence the rows, as before.  Any failure of a key's term ends the session: both
+keys move together.  Exactly one replica per target leads; at most ``standbys``
+(``SCHEDLOCK_STANDBYS``, default 1) wait on a session of their own; every other replica is a
+*reserve* and holds no session at all.  So a target costs at most ``1 + standbys`` database
+sessions, whatever the replica count::
 
   state            its session                    leaves for
   ───────────────  ─────────────────────────────  ───────────────────────────────────────────
@@ -19,15 +26,15 @@ every other replica is a *reserve* and holds no session at all.  So a key costs 
                    pg_advisory_lock (0 queries/s)   place given back + term bumped
                                                   DISCONNECTED: session died
                                                   WAITING_FOR_APP: app unreachable (close)
-  LEADING          own: the key's lock, LISTEN    WAITING_FOR_APP: app unreachable (end the
-                                                    term, checked unlock)
+  LEADING          own: the leadership lock, the  WAITING_FOR_APP: app unreachable (end the
+                   keys' locks, LISTEN              terms, checked unlocks)
                                                   RELEASED: SIGTERM (end the term, checked
                                                     unlock, exit 0)
                                                   DISCONNECTED: session died / heartbeat late
 
-Standby places.  Place ``i`` of a key is a two-int4 advisory lock in a class of its own
+Standby places.  Place ``i`` of a target is a two-int4 advisory lock in a class of its own
 (``schedlock.store.keys``).  A replica connects, tries the places with ``pg_try_advisory_lock``
-(never waiting) and, holding one, waits for the key's lock on the same session: a standby.
+(never waiting) and, holding one, waits for the leadership lock on the same session: a standby.
 Granted, it gives its place back (checked unlock) so a reserve can take it; a standby that
 dies frees its place with its session.  Every replica tries once when it starts or its app
 comes back, so the first ones fill the places at once.
@@ -56,8 +63,8 @@ counts it; the leader and standbys keep their sessions.
 
 Invariants (docs/architecture.md, "Leadership: the state machine"):
 
-1. One dedicated connection per held or awaited lock; the lock, its heartbeat, every row
-   transition of the key and the leader's LISTEN go through it.  An unlock that returns false
+1. One dedicated connection per replica for the locks of its target; the locks, the
+   heartbeats, every row transition of the keys and the leader's LISTEN go through it.  An unlock that returns false
    (the key's lock or a standby place) raises :class:`UnlockFailed`.
 2. Fenced by construction: transitions run on the lock session and re-check the term; a
    session only loses the lock by ending, after which its statements fail.
