@@ -903,8 +903,10 @@ class PostgresLockSession(LockVerbs):
 
     async def _before_term(self) -> None:
         # Re-checked on the lock session itself: the server may have turned read-only while
-        # this session waited for the lock (a term must never begin there).
-        await require_writable(self._require(), self.schema)
+        # this session waited for the lock (a term must never begin there).  As a statement:
+        # another key's LISTEN on this connection may be pumping notifications.
+        async with self._wire.statement():
+            await require_writable(self._require(), self.schema)
 
     def _check_backend(self, heartbeat: Row) -> None:
         pid = self._wire.lock_pid
