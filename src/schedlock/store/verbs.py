@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from schedlock.core.logs import Event
 from schedlock.core.payloads import MAX_PAYLOAD_BYTES
+from schedlock.core.timings import MAX_LEASE_SECONDS
 from schedlock.store import models
 from schedlock.store.contract import HeldLock, LockSession, Maintenance, Sessions
 from schedlock.store.errors import (
@@ -516,7 +517,11 @@ class SqlMaintenance:
         return await self._execute("prune_schedules", {"cutoff": cutoff, "limit": limit})
 
     async def prune_terms(self, cutoff: datetime, limit: int) -> int:
-        return await self._execute("prune_terms", {"cutoff": cutoff, "limit": limit})
+        # SQLite has no lock to ask: a term not released is a live leader's unless its
+        # heartbeat is older than any lease allows (PostgreSQL asks pg_locks instead).
+        unreleased = cutoff - timedelta(seconds=MAX_LEASE_SECONDS)
+        params = {"cutoff": cutoff, "unreleased_cutoff": unreleased, "limit": limit}
+        return await self._execute("prune_terms", params)
 
     async def prune_reserves(self, cutoff: datetime) -> int:
         return await self._execute("prune_reserves", {"cutoff": cutoff})

@@ -194,12 +194,16 @@ WHERE id IN (SELECT s.id FROM schedlock_schedules s
              LIMIT :limit);
 
 -- name: prune_terms
--- As on PostgreSQL, less the lock check: the one process that holds every lock is this one,
--- and a key it serves heartbeats.
+-- As on PostgreSQL, with the term's release instead of the lock check: the one process that
+-- holds every lock is this one, and a key it leads has a term not released whose heartbeat may
+-- be older than a short retention (heartbeats come every third of the lease).  So a term not
+-- released goes only once its heartbeat is older than the longest lease allows before the
+-- cutoff (:unreleased_cutoff): its process is gone.
 DELETE FROM schedlock_terms
 WHERE rowid IN (
     SELECT k.rowid FROM schedlock_terms k
     WHERE k.heartbeat_at < :cutoff
+      AND (k.released_at IS NOT NULL OR k.term = 0 OR k.heartbeat_at < :unreleased_cutoff)
       AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
                       WHERE p.scheduler = k.scheduler AND p.namespace = k.namespace
                         AND p.target = k.target
