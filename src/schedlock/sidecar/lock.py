@@ -64,8 +64,8 @@ counts it; the leader and standbys keep their sessions.
 Invariants (docs/architecture.md, "Leadership: the state machine"):
 
 1. One dedicated connection per replica for the locks of its target; the locks, the
-   heartbeats, every row transition of the keys and the leader's LISTEN go through it.  An unlock that returns false
-   (the key's lock or a standby place) raises :class:`UnlockFailed`.
+   heartbeats, every row transition of the keys and the leader's LISTEN go through it.  An
+   unlock that returns false (a lock or a standby place) raises :class:`UnlockFailed`.
 2. Fenced by construction: transitions run on the lock session and re-check the term; a
    session only loses the lock by ending, after which its statements fail.
 3. Right after acquiring, the term is bumped on the lock session; rows left ``firing`` by an
