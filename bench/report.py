@@ -454,6 +454,11 @@ def _measured(entry: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _skipped(entry: dict[str, Any]) -> str:
+    n = entry.get("skipped") or 0
+    return f"; {n} trial{'' if n == 1 else 's'} skipped (no leader delivering)" if n else ""
+
+
 def _scale_targets_row(label: str, r: dict[str, Any]) -> str:
     s, sizing = r["sessions"], r["sizing"]
     kill, both = r["failover_sigkill_ms"], r["failover_both_killed_ms"]
@@ -467,8 +472,8 @@ def _scale_targets_row(label: str, r: dict[str, Any]) -> str:
         f"{s['keys_led']} of {s['keys']}; {s['targets_with_standby']} of {r['targets']}",
         _num(r["new_connections_per_s"]),
         f"{r['refused_total']} ({r['refused_in_window']} in the window)",
-        f"{_dist(kill)}; {kill['with_standby']} with a standby waiting",
-        _dist(both),
+        f"{_dist(kill)}; {kill['with_standby']} with a standby waiting{_skipped(kill)}",
+        _dist(both) + _skipped(both),
         *(f"{needed[key]:,} ({_num(per3)} per target + {operator})" for key in ("100x3", "1000x3")),
     ]
     return "| " + " | ".join(cells) + " |"

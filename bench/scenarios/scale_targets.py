@@ -431,27 +431,35 @@ async def _gap(fleet: Fleet, prefix: str, t_kill: float, victims: set[str]) -> t
     return gap, first is None
 
 
-async def _rows_flowing(fleet: Fleet, target: str, prefix: str) -> None:
-    """Rows of ``target`` due every 10 ms from half a second on, until some have arrived."""
+async def _rows_flowing(fleet: Fleet, target: str, prefix: str) -> bool:
+    """Rows of ``target`` due every 10 ms from half a second on, until some have arrived
+    (False if none came within 30 s: the target lost its leader meanwhile)."""
     insert_due(
         fleet.url, prefix=prefix, count=300, start_at=time.time() + 0.5, spacing=0.01, target=target
     )
     assert fleet.log is not None
     log = fleet.log
-    await until(
-        lambda: any(e.uid.startswith(prefix) for e in log.refresh()[-50:]),
-        30,
-        0.02,
-        f"{target}'s deliveries before the kill",
-    )
+    try:
+        await until(
+            lambda: any(e.uid.startswith(prefix) for e in log.refresh()[-50:]),
+            30,
+            0.02,
+            f"{target}'s deliveries before the kill",
+        )
+    except TimeoutError:
+        fleet.ctx.say(f"scale_targets: {target} delivered nothing in 30 s: trial skipped")
+        return False
     await asyncio.sleep(0.3)
+    return True
 
 
-async def _kill_leader(fleet: Fleet, target: str, trial: int) -> tuple[float, bool, bool]:
-    """SIGKILL the publish leader of ``target``: (gap ms, capped?, had a standby waiting?)."""
-    leader = await until(lambda: fleet.publish_leader(target), 60, 0.1, f"{target}'s leader")
+async def _kill_leader(fleet: Fleet, target: str, trial: int) -> tuple[float, bool, bool] | None:
+    """SIGKILL the publish leader of ``target``: (gap ms, capped?, had a standby waiting?),
+    or None (skipped) when the target has no leader delivering."""
+    leader = fleet.publish_leader(target)
     prefix = f"one{trial}-{target}"
-    await _rows_flowing(fleet, target, prefix)
+    if leader is None or not await _rows_flowing(fleet, target, prefix):
+        return None
     had_standby = fleet.waiters_on(leader.name) > 0
     t_kill = time.time()
     leader.signal(signal.SIGKILL)
@@ -464,12 +472,13 @@ async def _kill_leader(fleet: Fleet, target: str, trial: int) -> tuple[float, bo
     return gap, capped, had_standby
 
 
-async def _kill_both(fleet: Fleet, target: str, trial: int) -> tuple[float, bool]:
+async def _kill_both(fleet: Fleet, target: str, trial: int) -> tuple[float, bool] | None:
     """SIGKILL every replica of ``target`` (its leader and its standby), start as many fresh
-    ones at once: (gap ms until a replacement's first delivery, capped?)."""
-    await until(lambda: fleet.publish_leader(target), 60, 0.1, f"{target}'s leader")
+    ones at once: (gap ms until a replacement's first delivery, capped?), or None (skipped)
+    when the target has no leader delivering."""
     prefix = f"both{trial}-{target}"
-    await _rows_flowing(fleet, target, prefix)
+    if fleet.publish_leader(target) is None or not await _rows_flowing(fleet, target, prefix):
+        return None
     victims_ = [s for s in fleet.sidecars[target] if s.alive()]
     victims = {s.name for s in victims_}
     t_kill = time.time()
@@ -493,25 +502,35 @@ async def _measure(fleet: Fleet) -> dict[str, Any]:
     await asyncio.sleep(p.timings.schedlock_reserve_check_s)
     await _stable_sessions(fleet, 60)
     sessions = await _sample(fleet)
+    ctx.say(f"scale_targets: sessions {sessions}")
     window = await _window(fleet)
+    ctx.say(f"scale_targets: window {window}")
     # Trials on targets whose keys are led (a target none of whose sidecars got a session
     # has nothing to kill: counted in keys_led), alternate ones for each kind of trial.
     led = fleet.leaders()
     ready = [t for t in fleet.targets if all(led.get((t, k)) for k in SCHEDULERS)]
     evens, odds = ready[0::2], ready[1::2] or ready
     gaps: list[float] = []
-    capped = with_standby = 0
+    capped = with_standby = skipped = 0
     for trial, target in enumerate(spread(evens, p.scale_targets_kill_trials)):
-        gap, cap, standby = await _kill_leader(fleet, target, trial)
-        gaps.append(gap)
-        capped += cap
-        with_standby += standby
+        one = await _kill_leader(fleet, target, trial)
+        if one is None:
+            skipped += 1
+            continue
+        gaps.append(one[0])
+        capped += one[1]
+        with_standby += one[2]
+    ctx.say(f"scale_targets: SIGKILL of a leader, gaps {[round(g) for g in gaps]} ms")
     both: list[float] = []
-    both_capped = 0
+    both_capped = both_skipped = 0
     for trial, target in enumerate(spread(odds, p.scale_targets_kill_both_trials)):
-        gap, cap = await _kill_both(fleet, target, trial)
-        both.append(gap)
-        both_capped += cap
+        two = await _kill_both(fleet, target, trial)
+        if two is None:
+            both_skipped += 1
+            continue
+        both.append(two[0])
+        both_capped += two[1]
+    ctx.say(f"scale_targets: SIGKILL of both replicas, gaps {[round(g) for g in both]} ms")
     per_target_3 = float(calibration["sessions"])
     return {
         "targets": len(fleet.targets),
@@ -520,8 +539,15 @@ async def _measure(fleet: Fleet) -> dict[str, Any]:
         "app_pool": len(fleet.app_pool),
         "sessions": sessions,
         **window,
-        "failover_sigkill_ms": {**summarize(gaps, censored=capped), "with_standby": with_standby},
-        "failover_both_killed_ms": summarize(both, censored=both_capped),
+        "failover_sigkill_ms": {
+            **summarize(gaps, censored=capped),
+            "with_standby": with_standby,
+            "skipped": skipped,
+        },
+        "failover_both_killed_ms": {
+            **summarize(both, censored=both_capped),
+            "skipped": both_skipped,
+        },
         "targets_led_for_trials": len(ready),
         "ready_s": round(ready_s, 1),
         "not_ready": not_ready,
