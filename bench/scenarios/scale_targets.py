@@ -50,7 +50,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -453,7 +453,11 @@ async def _rows_flowing(fleet: Fleet, target: str, prefix: str) -> bool:
     return True
 
 
-async def _kill_leader(fleet: Fleet, target: str, trial: int) -> tuple[float, bool, bool] | None:
+# A trial's outcome: (gap ms, capped?, had a session waiting on the victim's lock?).
+Trial = tuple[float, bool, bool]
+
+
+async def _kill_leader(fleet: Fleet, target: str, trial: int) -> Trial | None:
     """SIGKILL the publish leader of ``target``: (gap ms, capped?, had a standby waiting?),
     or None (skipped) when the target has no leader delivering."""
     leader = fleet.publish_leader(target)
@@ -472,13 +476,15 @@ async def _kill_leader(fleet: Fleet, target: str, trial: int) -> tuple[float, bo
     return gap, capped, had_standby
 
 
-async def _kill_both(fleet: Fleet, target: str, trial: int) -> tuple[float, bool] | None:
+async def _kill_both(fleet: Fleet, target: str, trial: int) -> Trial | None:
     """SIGKILL every replica of ``target`` (its leader and its standby), start as many fresh
     ones at once: (gap ms until a replacement's first delivery, capped?), or None (skipped)
     when the target has no leader delivering."""
     prefix = f"both{trial}-{target}"
-    if fleet.publish_leader(target) is None or not await _rows_flowing(fleet, target, prefix):
+    leader = fleet.publish_leader(target)
+    if leader is None or not await _rows_flowing(fleet, target, prefix):
         return None
+    had_standby = fleet.waiters_on(leader.name) > 0
     victims_ = [s for s in fleet.sidecars[target] if s.alive()]
     victims = {s.name for s in victims_}
     t_kill = time.time()
@@ -489,7 +495,22 @@ async def _kill_both(fleet: Fleet, target: str, trial: int) -> tuple[float, bool
     for victim in victims_:
         victim.wait(10)
         fleet.sidecars[target].remove(victim)
-    return await _gap(fleet, prefix, t_kill, victims)
+    return (*await _gap(fleet, prefix, t_kill, victims), had_standby)
+
+
+async def _trials(
+    fleet: Fleet,
+    targets: list[str],
+    kill: Callable[[Fleet, str, int], Awaitable[Trial | None]],
+) -> dict[str, Any]:
+    """One trial of ``kill`` per target: the gaps' summary, how many victims had a standby
+    waiting, how many trials were skipped (no leader delivering)."""
+    done = [t for i, target in enumerate(targets) if (t := await kill(fleet, target, i))]
+    return {
+        **summarize([gap for gap, _, _ in done], censored=sum(c for _, c, _ in done)),
+        "with_standby": sum(s for _, _, s in done),
+        "skipped": len(targets) - len(done),
+    }
 
 
 async def _measure(fleet: Fleet) -> dict[str, Any]:
@@ -510,27 +531,10 @@ async def _measure(fleet: Fleet) -> dict[str, Any]:
     led = fleet.leaders()
     ready = [t for t in fleet.targets if all(led.get((t, k)) for k in SCHEDULERS)]
     evens, odds = ready[0::2], ready[1::2] or ready
-    gaps: list[float] = []
-    capped = with_standby = skipped = 0
-    for trial, target in enumerate(spread(evens, p.scale_targets_kill_trials)):
-        one = await _kill_leader(fleet, target, trial)
-        if one is None:
-            skipped += 1
-            continue
-        gaps.append(one[0])
-        capped += one[1]
-        with_standby += one[2]
-    ctx.say(f"scale_targets: SIGKILL of a leader, gaps {[round(g) for g in gaps]} ms")
-    both: list[float] = []
-    both_capped = both_skipped = 0
-    for trial, target in enumerate(spread(odds, p.scale_targets_kill_both_trials)):
-        two = await _kill_both(fleet, target, trial)
-        if two is None:
-            both_skipped += 1
-            continue
-        both.append(two[0])
-        both_capped += two[1]
-    ctx.say(f"scale_targets: SIGKILL of both replicas, gaps {[round(g) for g in both]} ms")
+    one = await _trials(fleet, spread(evens, p.scale_targets_kill_trials), _kill_leader)
+    ctx.say(f"scale_targets: SIGKILL of a leader: {one}")
+    both = await _trials(fleet, spread(odds, p.scale_targets_kill_both_trials), _kill_both)
+    ctx.say(f"scale_targets: SIGKILL of both replicas: {both}")
     per_target_3 = float(calibration["sessions"])
     return {
         "targets": len(fleet.targets),
@@ -539,15 +543,8 @@ async def _measure(fleet: Fleet) -> dict[str, Any]:
         "app_pool": len(fleet.app_pool),
         "sessions": sessions,
         **window,
-        "failover_sigkill_ms": {
-            **summarize(gaps, censored=capped),
-            "with_standby": with_standby,
-            "skipped": skipped,
-        },
-        "failover_both_killed_ms": {
-            **summarize(both, censored=both_capped),
-            "skipped": both_skipped,
-        },
+        "failover_sigkill_ms": one,
+        "failover_both_killed_ms": both,
         "targets_led_for_trials": len(ready),
         "ready_s": round(ready_s, 1),
         "not_ready": not_ready,
