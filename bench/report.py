@@ -472,7 +472,7 @@ def _scale_targets_row(label: str, r: dict[str, Any]) -> str:
         f"{s['keys_led']} of {s['keys']}; {s['targets_with_standby']} of {r['targets']}",
         _num(r["new_connections_per_s"]),
         f"{r['refused_total']} ({r['refused_in_window']} in the window)",
-        f"{_dist(kill)}; {kill['with_standby']} with a standby waiting{_skipped(kill)}",
+        f"{_dist(kill)}; {kill['with_standby']} with a session waiting on its locks{_skipped(kill)}",
         _dist(both) + _skipped(both),
         *(f"{needed[key]:,} ({_num(per3)} per target + {operator})" for key in ("100x3", "1000x3")),
     ]

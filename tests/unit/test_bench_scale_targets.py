@@ -104,4 +104,4 @@ def test_the_table_shows_a_later_run_as_the_after_row() -> None:
     table = report.scale_targets_table({"when": "y", "scale_targets": after}, before=before)
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     assert rows[2].startswith("| after (bbb, full) | 100 (2 per target")
-    assert "30 / 31" in rows[2] and "8 with a standby waiting" in rows[2]
+    assert "30 / 31" in rows[2] and "8 with a session waiting on its locks" in rows[2]
