@@ -8,9 +8,17 @@ a sidecar competes for and holds leadership only while its own app can take fire
 
 The check (``SCHEDLOCK_TARGET_READY_URL``):
 
-* ``tcp://host:port`` — connect and close.  The default, derived from the hook URL's host and
-  port: it is exactly what fails when the app exits or closes its listener, it needs no
-  endpoint in the app, and it never sends the app a request (the hook takes POSTs only).
+* ``tcp://host:port`` — connect, then a graceful goodbye.  The default, derived from the hook
+  URL's host and port: it is exactly what fails when the app exits or closes its listener, it
+  needs no endpoint in the app, and it never sends the app a request (the hook takes POSTs
+  only).  Reachable means the connection was accepted; after that the check half-closes (FIN,
+  no request) and reads whatever the app says until the app closes too (at most
+  ``DRAIN_BYTES`` and ``DRAIN_SECONDS``) before closing its own end.  An app thus sees what a
+  browser's unused pre-connection looks like: a connection that ends before a request, which
+  HTTP servers drop silently.  A check that closed at once (the earlier default) made an app
+  that answers the empty request (a 400, say) write to a socket already gone: the kernel
+  answered with a reset, and the app logged a ``ConnectionResetError`` for about every third
+  check (``tests/integration/test_target_check_app_logs.py``).
 * ``http(s)://…`` — GET; 200-399 is reachable (the kubelet's rule), anything else, a timeout or
   a connection error is not.  For apps with a readiness endpoint that goes 503 while draining.
 
@@ -55,6 +63,10 @@ from schedlock.sidecar.metrics import SidecarMetrics
 log = logging.getLogger("schedlock.target")
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# After the connection was accepted, how much of the app's reply to the empty request the
+# check reads, and for how long, before it closes its end (see the module docstring).
+DRAIN_BYTES = 64 * 1024
+DRAIN_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -127,14 +139,13 @@ class Health:
 async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | None) -> str | None:
     """Run the check once: None when the app is reachable, else why not (one short line)."""
     try:
+        if check.kind == "tcp":
+            host, port = check.address
+            async with asyncio.timeout(seconds):
+                reader, writer = await asyncio.open_connection(host, port)
+            await goodbye(reader, writer, min(seconds, DRAIN_SECONDS))
+            return None
         async with asyncio.timeout(seconds):
-            if check.kind == "tcp":
-                host, port = check.address
-                _, writer = await asyncio.open_connection(host, port)
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-                return None
             if session is None:
                 raise RuntimeError("an HTTP check needs a client session")
             async with session.get(check.url, allow_redirects=False) as response:
@@ -147,6 +158,26 @@ async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | N
         return f"{check.url}: {exc.strerror or exc}"
     except aiohttp.ClientError as exc:
         return f"{check.url}: {type(exc).__name__}: {exc}"[:300]
+
+
+async def goodbye(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seconds: float
+) -> None:
+    """End an accepted check connection so that the app never meets a reset: half-close (the
+    app reads end-of-stream where a request would be), read what it answers until it closes,
+    then close.  The app was there either way: nothing here fails the check."""
+    try:
+        async with asyncio.timeout(seconds):
+            writer.write_eof()
+            left = DRAIN_BYTES
+            while left > 0 and (chunk := await reader.read(min(left, 16 * 1024))):
+                left -= len(chunk)
+    except (TimeoutError, OSError):
+        pass  # an app that keeps the connection open, or resets it: it accepted, it is there
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 @dataclass(eq=False)
