@@ -67,6 +67,8 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 # check reads, and for how long, before it closes its end (see the module docstring).
 DRAIN_BYTES = 64 * 1024
 DRAIN_SECONDS = 1.0
+# Until the app was first reachable, how soon a passing check is followed by the next one.
+CONFIRM_AT_START_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,21 @@ class Health:
         return Health(False, 0)
 
 
+def next_check_in(health: Health, *, passed: bool, interval: float, ever_reachable: bool) -> float:
+    """Seconds from a check to the next one: the interval, except at start.
+
+    Until the app was first reachable, a passing check that leaves it unreachable (the
+    hysteresis wants more in a row) is followed at once (``CONFIRM_AT_START_SECONDS``) instead of
+    an interval later: a sidecar that starts next to a listening app is ready in tens of
+    milliseconds, not ``success_threshold - 1`` intervals (1 s by default) later.  There is
+    no leadership to flap before then; afterwards every check waits the interval, so an idle
+    sidecar checks no more often than it did, and one whose app never answers neither.
+    """
+    if passed and not ever_reachable and not health.reachable:
+        return min(interval, CONFIRM_AT_START_SECONDS)
+    return interval
+
+
 async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | None) -> str | None:
     """Run the check once: None when the app is reachable, else why not (one short line)."""
     try:
@@ -195,6 +212,7 @@ class TargetWatch:
     reachable: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     unreachable: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _announced: bool = field(default=False, init=False)  # the current outage was logged
+    _ever_reachable: bool = field(default=False, init=False)  # since the watch started
     _confirming: asyncio.Future[bool] | None = field(default=None, init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
 
@@ -220,11 +238,19 @@ class TargetWatch:
             self._session = None
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Check, update, sleep — until ``stopping``.  The first check runs at once."""
+        """Check, update, sleep — until ``stopping``.  The first check runs at once, and
+        until the app was first reachable a passing check is confirmed at once
+        (:func:`next_check_in`)."""
         while not stopping.is_set():
             error = await self._probe()
             self._apply(self.health.observe(error is None, self.thresholds), error)
-            await sleep_unless(self.interval, stopping)
+            pause = next_check_in(
+                self.health,
+                passed=error is None,
+                interval=self.interval,
+                ever_reachable=self._ever_reachable,
+            )
+            await sleep_unless(pause, stopping)
 
     def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool:
         return worth_confirming(self.check, connection_lost=connection_lost, status=status)
@@ -266,6 +292,7 @@ class TargetWatch:
         if error is not None:
             self.reason = error
         if health.reachable and not before:
+            self._ever_reachable = True
             self.unreachable.clear()
             self.reachable.set()
             self.metrics.target_up.set(1)
