@@ -21,6 +21,7 @@ KEYS = (
     "operator",
     "footprint",
     "scale",
+    "scale_targets",
     "cluster",
     "history",
     "tenancy",
@@ -34,6 +35,13 @@ HISTORY_BEGIN = "<!-- bench:history:begin (written by `make bench`; do not edit 
 HISTORY_END = "<!-- bench:history:end -->"
 TENANCY_BEGIN = "<!-- bench:tenancy:begin (written by `make bench`; do not edit by hand) -->"
 TENANCY_END = "<!-- bench:tenancy:end -->"
+SCALE_TARGETS_BEGIN = (
+    "<!-- bench:scale_targets:begin (written by `make bench`; do not edit by hand) -->"
+)
+SCALE_TARGETS_END = "<!-- bench:scale_targets:end -->"
+# The scale_targets figures of the code before one session per sidecar (issue 22), kept as
+# measured: the "before" row of the scenario's table; the "after" row is the latest run.
+SCALE_TARGETS_BEFORE = REPO / "bench" / "results" / "scale_targets_before.json"
 
 
 def document(info: dict[str, Any], when: datetime, results: dict[str, Any]) -> dict[str, Any]:
@@ -461,6 +469,86 @@ def scale_table(sc: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _measured(entry: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """When, on which commit and profile a scenario's entry was measured."""
+    stamp = entry.get("measured") or {}
+    return {
+        "when": stamp.get("when", doc.get("when")),
+        "commit": stamp.get("commit", _get(doc, "machine", "commit")),
+        "profile": stamp.get("profile", _get(doc, "machine", "profile")),
+    }
+
+
+def _skipped(entry: dict[str, Any]) -> str:
+    n = entry.get("skipped") or 0
+    return f"; {n} trial{'' if n == 1 else 's'} skipped (no leader delivering)" if n else ""
+
+
+def _scale_targets_row(label: str, r: dict[str, Any]) -> str:
+    s, sizing = r["sessions"], r["sizing"]
+    kill, both = r["failover_sigkill_ms"], r["failover_both_killed_ms"]
+    needed = sizing["sessions_needed"]
+    per3, operator = sizing["per_target_at_3_replicas"], sizing["operator_sessions"]
+    cells = [
+        label,
+        f"{_num(s['total']['median'])} ({_num(s['per_target']['median'])} per target, "
+        f"{_num(s['per_target']['min'])}–{_num(s['per_target']['max'])})",
+        f"{s['free_slots']}; {'opens' if r['app_can_connect'] else 'refused'}",
+        f"{s['keys_led']} of {s['keys']}; {s['targets_with_standby']} of {r['targets']}",
+        _num(r["new_connections_per_s"]),
+        f"{r['refused_total']} ({r['refused_in_window']} in the window)",
+        f"{_dist(kill)}; {kill['with_standby']} with a session waiting on its locks{_skipped(kill)}",
+        _dist(both) + _skipped(both),
+        *(f"{needed[key]:,} ({_num(per3)} per target + {operator})" for key in ("100x3", "1000x3")),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def scale_targets_table(doc: dict[str, Any], before: dict[str, Any] | None = None) -> str:
+    """The ``scale_targets`` scenario: the stored "before" figures and the latest run's."""
+    if before is None and SCALE_TARGETS_BEFORE.exists():
+        before = json.loads(SCALE_TARGETS_BEFORE.read_text())
+    latest = doc.get("scale_targets")
+    setup = latest or before
+    if not setup:
+        return ""
+    header = [
+        "code (commit, profile)",
+        "sidecar sessions",
+        "ordinary slots free; the app's next connection",
+        "keys led; targets with a standby",
+        "new connections/s",
+        "connections refused",
+        "SIGKILL of a key's leader, gap ms",
+        "SIGKILL of both replicas (leader and standby), gap ms",
+        "sessions for 100 × 3",
+        "sessions for 1,000 × 3",
+    ]
+    lines = [
+        f"{setup['targets']} targets × {setup['replicas']} replicas on one database at "
+        f"max_connections {setup['max_connections']}, next to an app pool of "
+        f"{setup['app_pool']} idle connections; gaps p50 / p99 / max.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    if before:
+        m = before.get("measured") or {}
+        label = f"before: {before.get('code', '')} ({m.get('commit')}, {m.get('profile')})"
+        lines.append(_scale_targets_row(label, before))
+    if latest and (
+        not before or _measured(latest, doc)["when"] != _get(before, "measured", "when")
+    ):
+        m = _measured(latest, doc)
+        lines.append(_scale_targets_row(f"after ({m['commit']}, {m['profile']})", latest))
+    else:
+        lines.append(
+            "| after | not measured yet: `.venv/bin/python -m bench run --only scale_targets "
+            "--docs` once one session per sidecar is merged |" + " |" * (len(header) - 2)
+        )
+    return "\n".join(lines)
+
+
 def machine_line(doc: dict[str, Any]) -> str:
     m = doc.get("machine") or {}
     return (
@@ -496,6 +584,8 @@ def write(
         "",
         tenancy_table(doc),
         "",
+        scale_targets_table(doc),
+        "",
         "`≥` marks a distribution with capped trials (the run stopped waiting): its values are "
         "lower bounds. See docs/performance.md for what each number means and what bounds it.",
     ]
@@ -522,6 +612,7 @@ def write_docs(doc: dict[str, Any], table_md: str) -> None:
 OWN_BLOCKS: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
     "history": (HISTORY_BEGIN, HISTORY_END, history_table),
     "tenancy": (TENANCY_BEGIN, TENANCY_END, tenancy_table),
+    "scale_targets": (SCALE_TARGETS_BEGIN, SCALE_TARGETS_END, scale_targets_table),
 }
 
 

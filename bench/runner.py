@@ -10,6 +10,8 @@ Order and grouping (what may share the machine with what):
 4. idle queries and footprint — all five systems idling side by side, one window;
 5. operator — the burst of ScheduledPublish objects;
 6. scale — 5, 20 and 50 replicas of one target at max_connections 100, bounded vs baseline;
+   scale_targets — 50 targets × 2 replicas on one database at max_connections 150 next to an
+   app pool of 40 (a PostgreSQL of its own);
 7. history — the hot paths with 0 and with 5 M finished rows on one server, the prune backlog;
 8. tenancy — one key's lateness and throughput as the owner and under row-level security;
 9. cluster — the product in a real one-node cluster: leader pods deleted, a rolling update.
@@ -50,6 +52,7 @@ from bench.scenarios import (
     lateness,
     operator,
     scale,
+    scale_targets,
     tenancy,
     throughput,
 )
@@ -133,6 +136,7 @@ async def _scenarios(ctx: Context, only: list[str], errors: list[str]) -> None:
         ("idle", IDLE, lambda keys: idle.run(ctx, keys)),
         ("operator", ("operator",), lambda _: operator.run(ctx)),
         ("scale", ("scale",), lambda _: scale.run(ctx)),
+        ("scale_targets", ("scale_targets",), lambda _: scale_targets.run(ctx)),
         ("history", ("history",), lambda _: history.run(ctx)),
         ("tenancy", ("tenancy",), lambda _: tenancy.run(ctx)),
         ("cluster", ("cluster",), lambda _: cluster.run(ctx)),
@@ -186,6 +190,7 @@ def run(
     print(table)
     print(report.history_table(document))
     print(report.tenancy_table(document))
+    print(report.scale_targets_table(document))
     report.write(out, document, table, ctx.series, ctx.censored)
     if write_docs:
         if set(only) - set(report.OWN_BLOCKS):

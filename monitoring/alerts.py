@@ -169,7 +169,8 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         name="SchedlockLockHeldByForeignRole",
         severity="critical",
-        # Each standby of the key says 1 within a second of its wait: lock squatting.  A minute
+        # The key's leader (trying the key's lock) or its target's standbys (waiting for the
+        # leadership lock) say 1 within a second: lock squatting.  A minute
         # lets a brief holder pass (an admin's look would not count: it serves every namespace).
         value=f"max by ({KEY}) (schedlock_lock_foreign_holder)",
         op=">",
@@ -177,7 +178,7 @@ ALERTS: tuple[Alert, ...] = (
         for_="1m",
         summary=f"The lock of {KEY_TEXT} is held by a role that may not serve its namespace",
         description=(
-            f"For more than {{for}}, the standbys of {KEY_TEXT} have seen its advisory lock "
+            f"For more than {{for}}, the sidecars of {KEY_TEXT} have seen its advisory lock "
             "held by a database session whose login role may not serve the namespace (lock "
             "squatting: advisory locks have no ACL, so a leaked credential of another namespace "
             "can hold it). No sidecar can lead the key: its rows wait. `schedlock status` and "

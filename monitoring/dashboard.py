@@ -353,8 +353,9 @@ def panels() -> list[dict[str, Any]]:
         ),
         _timeseries(
             "Database sessions",
-            "Sessions the sidecars hold on the database for their lock keys: per key the leader "
-            "and at most SCHEDLOCK_STANDBYS standbys, whatever the replica count.",
+            "Sessions the sidecars hold on the database, one per sidecar for both keys of its "
+            "target: per target the leader and at most SCHEDLOCK_STANDBYS standbys, whatever "
+            "the replica count.",
             [
                 _target(
                     f"sum by (namespace) (schedlock_database_sessions{{{SIDECAR_SEL}}})",

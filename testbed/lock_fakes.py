@@ -43,7 +43,9 @@ class FakeServer:
     steps: list[str] = field(default_factory=list)
     foreign: ForeignHolder | None = None  # what the waiters hear of a foreign holder
 
-    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> FakeSession:
+    def lock_session(
+        self, key: LockKey, holder: str, lease_seconds: float, target: object = None
+    ) -> FakeSession:
         self.steps.append(f"{holder}:session")
         return FakeSession(self, holder, key)
 
@@ -129,6 +131,13 @@ class FakeSession:
             on_holder(self.server.foreign)
         await granted
 
+    async def lock_key(
+        self, key: LockKey, on_holder: Callable[[ForeignHolder | None], None] | None = None
+    ) -> FakeKeySession:
+        """The key's own lock, on this session (leading its target): always free here."""
+        self._alive()
+        return FakeKeySession(self, key)
+
     async def begin_term(self) -> TermStart:
         self._alive()
         server = self.server
@@ -151,8 +160,32 @@ class FakeSession:
         self._alive()
         if self.server.holder is not self:
             raise UnlockFailed("unlock returned false")
-        self._say(f"release:{term}")
+        if term is not None:
+            self._say(f"release:{term}")
         self.server.unlock(self, released=True)
+
+
+@dataclass(eq=False)
+class FakeKeySession:
+    """A key's session on its target's session (``lock_key``): the term verbs go to the one
+    fake lock; releasing a term records it, the target session's release unlocks."""
+
+    owner: FakeSession
+    key: LockKey
+
+    @property
+    def holder(self) -> str:
+        return self.owner.holder
+
+    async def begin_term(self) -> TermStart:
+        return await self.owner.begin_term()
+
+    async def heartbeat(self, term: int) -> Heartbeat:
+        return await self.owner.heartbeat(term)
+
+    async def release(self, term: int | None) -> None:
+        self.owner._alive()
+        self.owner._say(f"release:{term}")
 
 
 class FakeApp:

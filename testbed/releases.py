@@ -62,6 +62,10 @@ class Release:
 # connection budget and the src layout.  Its binary refuses any schema newer than migration 2;
 # its console script is `schedlock`, settings the same SCHEDLOCK_* variables as today's.
 OLDEST_SUPPORTED = Release("c8e01988944b094eb398fbf42b56f0275e79f655", schema=2)
+# The last release whose sidecars wait for each key's lock on a session per key, before one
+# session per sidecar for every key of its target: a rolling update from it mixes both on the
+# same keys (tests/e2e/test_upgrade.py).
+PER_KEY_SESSIONS = Release("fdf00b3b3c383375d9f27997a934191a77cf345e", schema=12)
 
 
 def cache_root() -> Path:

@@ -77,6 +77,11 @@ def test_bench_smoke_writes_every_key(tmp_path: Path, cluster_free_host: None) -
     scale = document["scale"]
     assert isinstance(scale["one_leader_per_key"], bool)
     assert isinstance(scale["connections"], int)
+    fleet = document["scale_targets"]
+    assert isinstance(fleet["sessions"]["total"]["median"], int | float), fleet
+    assert_distribution(fleet["failover_sigkill_ms"], "scale_targets.failover_sigkill_ms")
+    assert_distribution(fleet["failover_both_killed_ms"], "scale_targets.failover_both_killed_ms")
+    assert isinstance(fleet["sizing"]["sessions_needed"]["1000x3"], int), fleet
     cluster = document["cluster"]
     for key in ("pod_delete_force_gap_ms", "pod_delete_gap_ms", "rolling_update"):
         assert_distribution(cluster[key], f"cluster.{key}")

@@ -12,12 +12,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from schedlock.core.identities import Scheduler, scheduler_of
 from schedlock.core.logs import Event, records
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID
-from testbed.checks import assert_duplicates_only_across_crash
+from schedlock.store.keys import LEADER_CLASS_ID, SCHEDLOCK_CLASS_ID
+from testbed.checks import assert_duplicates_only_across_crash, assert_one_leader_at_a_time
 from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
 from testbed.rows import insert_rows, wait_published
-from testbed.sidecars import SidecarGroup, SidecarProcess, wait_for
+from testbed.sidecars import SidecarGroup, SidecarProcess, schedlock_cli, wait_for
 
 LEASE, HEARTBEAT = 4.0, 1.0
 FAST = {"SCHEDLOCK_LEASE_SECONDS": str(LEASE), "SCHEDLOCK_HEARTBEAT_SECONDS": str(HEARTBEAT)}
@@ -38,19 +39,27 @@ def group(tmp_path: Path, migrated_database: str) -> Iterator[SidecarGroup]:
         replicas.stop()
 
 
-def lock_holders(url: str) -> dict[int, list[tuple[int, bool]]]:
-    """objid -> [(pid, granted)] for schedlock's advisory locks."""
+def lock_holders(url: str, classid: int = SCHEDLOCK_CLASS_ID) -> dict[int, list[tuple[int, bool]]]:
+    """objid -> [(pid, granted)] for schedlock's advisory locks of ``classid`` (the keys' own
+    by default; ``LEADER_CLASS_ID``: the targets' leadership locks)."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT objid::int, pid, granted FROM pg_locks WHERE locktype = 'advisory' "
-            "AND classid = %s::int::oid AND objsubid = 2 AND database = "
+            "AND classid = %s::int::oid AND objsubid = 2 AND objid <> 0 AND database = "
             "(SELECT oid FROM pg_database WHERE datname = current_database())",
-            (SCHEDLOCK_CLASS_ID,),
+            (classid,),
         ).fetchall()
     holders: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
     for objid, pid, granted in rows:
         holders[objid].append((pid, granted))
     return holders
+
+
+def sessions_of(postgres: PostgresService, url: str, group: SidecarGroup) -> dict[str, int]:
+    """Each live sidecar's client sessions on the database (by its application_name)."""
+    return {
+        s.name: len(postgres.backends(url, application_name=s.name)) for s in group if s.alive()
+    }
 
 
 def arrivals(group: SidecarGroup) -> list[dict[str, object]]:
@@ -92,30 +101,99 @@ def gap_seconds(record: dict[str, Any]) -> float:
     return float(record["gap_ms"]) / 1000
 
 
-def test_exactly_one_leader_per_key(group: SidecarGroup, migrated_database: str) -> None:
-    group.wait_leader("publish")
-    group.wait_leader("recurring")
-    # A standby's wait is one statement that re-queues every second (it commits between slices
-    # so as not to hold back VACUUM, and asks who holds the lock): for that moment it is not in
-    # pg_locks.  So every sample has exactly one holder per key and at most two waiters, and
-    # both waiters are seen queued together.
-    both_waiting = False
+def test_one_session_per_sidecar_leads_both_keys(
+    group: SidecarGroup, postgres: PostgresService, migrated_database: str
+) -> None:
+    """3 replicas, the defaults: the leader holds its target's leadership lock and both keys'
+    locks on one session, the standby waits on one session, the reserve holds none."""
+    leader = group.wait_leader("publish")
+    assert group.wait_leader("recurring") is leader, "one replica leads both keys"
+    wait_for(
+        lambda: sorted(sessions_of(postgres, migrated_database, group).values()) == [0, 1, 1],
+        timeout=30,
+        what="a leader's session, a standby's, a reserve with none",
+    )
+    (pid,) = postgres.backends(migrated_database, application_name=leader.name)
+    # A standby's wait re-queues every second (it commits between slices so as not to hold
+    # back VACUUM): for that moment it is not in pg_locks.  Every sample has one holder per
+    # lock, the same session for all three, and at most one waiter, for the leadership lock.
+    standby_seen = False
     for _ in range(20):
-        holders = lock_holders(migrated_database)
-        assert len(holders) == 2, holders  # publish and recurring keys
-        for entries in holders.values():
-            assert sum(granted for _, granted in entries) == 1, entries
-            assert len(entries) <= 3, entries  # one holder, two standbys at most
-        both_waiting = both_waiting or all(len(e) == 3 for e in holders.values())
+        keys = lock_holders(migrated_database)
+        assert len(keys) == 2, keys  # publish and recurring keys
+        assert all(entries == [(pid, True)] for entries in keys.values()), keys
+        (leading,) = lock_holders(migrated_database, LEADER_CLASS_ID).values()
+        assert sorted(leading, key=lambda e: not e[1])[0] == (pid, True), leading
+        assert len(leading) <= 2, leading  # the leader, one standby
+        standby_seen = standby_seen or len(leading) == 2
         for scheduler in ("publish", "recurring"):
-            assert len(group.leaders(scheduler)) == 1
+            assert group.leaders(scheduler) == [leader]
         time.sleep(0.1)
-    if not both_waiting:
+    if not standby_seen:
         wait_for(
-            lambda: all(len(e) == 3 for e in lock_holders(migrated_database).values()),
+            lambda: len(next(iter(lock_holders(migrated_database, LEADER_CLASS_ID).values()))) == 2,
             timeout=10,
-            what="one holder and two queued standbys per key",
+            what="the standby queued for the leadership lock",
         )
+
+
+def test_both_keys_move_together_on_sigkill_and_sigterm(
+    group: SidecarGroup, postgres: PostgresService, migrated_database: str
+) -> None:
+    """Both keys' leadership moves as one on a SIGKILL and on a SIGTERM, with nothing lost:
+    every row delivered, a second delivery only of the killed leader's in-flight rows (same
+    key), one leader per key and term, and the schedule firing under each leader."""
+    schedlock_cli(
+        "schedule",
+        "--target",
+        "demo",
+        "--cron",
+        "@every 1s",
+        "--name",
+        "tick",
+        url=migrated_database,
+    )
+    uids, first = leading_a_stream(group, migrated_database, "both", 600, 0.02, 30)
+    assert group.wait_leader("recurring") is first
+    first.signal(signal.SIGKILL)
+    second = group.wait_leader("publish", timeout=10)
+    assert second is not first
+    wait_for(
+        lambda: group.leaders("recurring") == [second],
+        timeout=10,
+        what="the publish leader to lead the recurring key too",
+    )
+    # The reserve takes the standby place at its turn; then a graceful hand-over.
+    wait_for(
+        lambda: sorted(sessions_of(postgres, migrated_database, group).values()) == [1, 1],
+        timeout=30,
+        what="the last replica standing by",
+    )
+    second.signal(signal.SIGTERM)
+    assert second.wait(10) == 0
+    third = group.wait_leader("publish", timeout=10)
+    assert third not in (first, second)
+    wait_for(
+        lambda: group.leaders("recurring") == [third],
+        timeout=10,
+        what="the last replica to lead the recurring key too",
+    )
+    wait_published(migrated_database, "both", len(uids), timeout=60)
+    wait_for(
+        lambda: any(
+            e["holder"] == third.name and scheduler_of(str(e["uid"])) is Scheduler.RECURRING
+            for e in arrivals(group)
+        ),
+        timeout=10,
+        what="a recurring slot fired by the last leader",
+    )
+    entries = arrivals(group)
+    assert {str(e["uid"]) for e in entries} >= set(uids)
+    assert_duplicates_only_across_crash(entries, crashed={first.name})
+    assert_one_leader_at_a_time(entries)
+    for scheduler in Scheduler:
+        holders = {e["holder"] for e in entries if scheduler_of(str(e["uid"])) is scheduler}
+        assert holders == {first.name, second.name, third.name}, (scheduler, holders)
 
 
 def test_sigkill_failover_is_fast_and_loses_nothing(

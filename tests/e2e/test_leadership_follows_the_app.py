@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from schedlock.core.logs import records
+from schedlock.store.keys import LEADER_CLASS_ID
 from testbed.checks import assert_duplicates_only_across_crash
 from testbed.pg import free_port
 from testbed.rows import insert_rows, row_states
@@ -27,6 +28,12 @@ FAST = {
     "SCHEDLOCK_TARGET_CHECK_SECONDS": "0.2",
     "SCHEDLOCK_SCHEDULERS": "publish",
 }
+
+
+def queue(url: str) -> dict[int, list[tuple[int, bool]]]:
+    """The holder and the waiters of the target's leadership lock (the key's own lock is only
+    ever held, by the leader, never waited for)."""
+    return lock_holders(url, LEADER_CLASS_ID)
 
 
 class Pod:
@@ -153,7 +160,7 @@ def test_leader_whose_app_dies_hands_over_without_burning_attempts(
     first.app.start()
     wait_for(lambda: first.target_up() == 1, timeout=10, what="the app to count as back")
     wait_for(
-        lambda: [len(e) for e in lock_holders(migrated_database).values()] == [2],
+        lambda: [len(e) for e in queue(migrated_database).values()] == [2],
         timeout=10,
         what="the returned sidecar to wait for the lock again",
     )
@@ -190,7 +197,7 @@ def test_sidecar_started_before_its_app_holds_no_lock_until_it_answers(
         )
         assert "target_unreachable" in pod.events()
         assert pod.target_up() == 0
-        assert lock_holders(migrated_database) == {}
+        assert lock_holders(migrated_database) == {} == queue(migrated_database)
         assert rows(migrated_database, "early")[uid][:2] == ("scheduled", 0)
 
         pod.app.start()
@@ -236,7 +243,7 @@ def test_follower_whose_app_is_gone_leaves_the_lock_queue_and_rejoins(
     leader, follower = two_pods
 
     def waiting() -> list[int]:
-        return [len(e) for e in lock_holders(migrated_database).values()]
+        return [len(e) for e in queue(migrated_database).values()]
 
     wait_for(lambda: waiting() == [2], timeout=10, what="the follower in the lock queue")
     follower.app.kill()

@@ -36,7 +36,7 @@ import pytest
 from schedlock.core.identities import Scheduler, scheduler_of
 from schedlock.store.migrations import latest_id
 from testbed.checks import assert_duplicates_only_across_crash, assert_one_leader_at_a_time
-from testbed.pg_fixtures import PostgresService, as_role
+from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
 from testbed.procs import output
 from testbed.releases import Release
 from testbed.rows import fetch, insert_rows
@@ -151,6 +151,47 @@ def in_flight(group: SidecarGroup, leader: SidecarProcess) -> None:
     )
 
 
+def roll_over(group: SidecarGroup, killed: set[str]) -> float:
+    """Replace the old sidecars with today's, a new one up before each old one goes: a standby
+    (SIGTERM), the leader (SIGTERM), then the next leader (SIGKILL, added to ``killed``: its
+    in-flight rows are fired again by the next term, new or old, with the same idempotency
+    key).  When it is done: the time, and the SIGKILLed leader's rows in flight fired again."""
+    for step, sig in enumerate((signal.SIGTERM, signal.SIGTERM, signal.SIGKILL)):
+        group.add(f"new-{step}").wait_ready()
+        leader = group.wait_leader(Scheduler.PUBLISH)
+        olds = [s for s in group if s.alive() and s.name.startswith("old-")]
+        # The lock queue is FIFO and the old sidecars joined it first, so after the first
+        # step the leader is old; should it not be, an old standby goes instead.
+        victim = leader if step and leader in olds else next(s for s in olds if s is not leader)
+        crashed_leading = sig is signal.SIGKILL and victim is leader
+        if crashed_leading:
+            in_flight(group, victim)
+        signalled_at = time.time()
+        victim.signal(sig)
+        if sig is signal.SIGKILL:
+            killed.add(victim.name)
+            victim.wait()
+            assert group.receiver is not None
+            group.receiver.control(delay=0)
+        else:
+            assert victim.wait(15) == 0, victim.log_text()[-2000:]
+        wait_for(
+            lambda t=signalled_at, v=victim.name: any(
+                e["holder"] != v and float(e["arrival"]) > t for e in deliveries(group)
+            ),
+            timeout=20,
+            what=f"deliveries by the next leader after {victim.name}",
+        )
+    replaced_at = time.time()
+    if crashed_leading:
+        wait_for(
+            lambda: max(collections.Counter(str(e["uid"]) for e in deliveries(group)).values()) > 1,
+            timeout=20,
+            what="the SIGKILLed leader's rows in flight fired again",
+        )
+    return replaced_at
+
+
 # The first run on a machine also builds the old release in its fixture (one to three minutes).
 @pytest.mark.timeout(600)
 def test_upgrade_from_the_oldest_release_and_roll_back(
@@ -192,44 +233,8 @@ def test_upgrade_from_the_oldest_release_and_roll_back(
         assert f"knows only up to {old_schema}" in refused.stderr, refused.stderr
         wait_fired(group, "old", since=migrated_at)
 
-        # 3. Rolling replacement, a new sidecar up before each old one goes: a standby
-        # (SIGTERM), the leader (SIGTERM), then the next leader (SIGKILL: its in-flight rows
-        # are fired again by the next term, new or old, with the same idempotency key).
-        for step, sig in enumerate((signal.SIGTERM, signal.SIGTERM, signal.SIGKILL)):
-            group.add(f"new-{step}").wait_ready()
-            leader = group.wait_leader(Scheduler.PUBLISH)
-            olds = [s for s in group if s.alive() and s.name.startswith("old-")]
-            # The lock queue is FIFO and the old sidecars joined it first, so after the first
-            # step the leader is old; should it not be, an old standby goes instead.
-            victim = leader if step and leader in olds else next(s for s in olds if s is not leader)
-            crashed_leading = sig is signal.SIGKILL and victim is leader
-            if crashed_leading:
-                in_flight(group, victim)
-            signalled_at = time.time()
-            victim.signal(sig)
-            if sig is signal.SIGKILL:
-                killed.add(victim.name)
-                victim.wait()
-                assert group.receiver is not None
-                group.receiver.control(delay=0)
-            else:
-                assert victim.wait(15) == 0, victim.log_text()[-2000:]
-            wait_for(
-                lambda t=signalled_at, v=victim.name: any(
-                    e["holder"] != v and float(e["arrival"]) > t for e in deliveries(group)
-                ),
-                timeout=20,
-                what=f"deliveries by the next leader after {victim.name}",
-            )
-        replaced_at = time.time()
-        if crashed_leading:
-            wait_for(
-                lambda: (
-                    max(collections.Counter(str(e["uid"]) for e in deliveries(group)).values()) > 1
-                ),
-                timeout=20,
-                what="the SIGKILLed leader's rows in flight fired again",
-            )
+        # 3. Rolling replacement, a new sidecar up before each old one goes.
+        replaced_at = roll_over(group, killed)
         wait_fired(group, "new", since=replaced_at)
         assert leading(NEW, database) == dict.fromkeys(Scheduler, "new")
 
@@ -270,7 +275,13 @@ def version(entry: Entry) -> str:
     return str(entry["holder"]).split("-")[0]
 
 
-def check_everything(group: SidecarGroup, url: str, uids: set[str], killed: set[str]) -> None:
+def check_everything(
+    group: SidecarGroup,
+    url: str,
+    uids: set[str],
+    killed: set[str],
+    versions: frozenset[str] = frozenset({"old", "new", "back"}),
+) -> None:
     """Step 4, over every delivery: nothing lost, duplicates only across the SIGKILL, one
     leader of a key at a time; both keys fired by the old sidecars, the new ones and the old
     ones back after the rollback."""
@@ -297,7 +308,7 @@ def check_everything(group: SidecarGroup, url: str, uids: set[str], killed: set[
     assert {str(r[0]) for r in published} <= delivered, "a row published without a delivery"
     for scheduler in Scheduler:
         mine = [e for e in entries if scheduler_of(str(e["uid"])) is scheduler]
-        assert {version(e) for e in mine} == {"old", "new", "back"}, scheduler
+        assert {version(e) for e in mine} == versions, scheduler
     assert_duplicates_only_across_crash(entries, crashed=killed)
     assert_one_leader_at_a_time(entries)
     terms = dict(fetch(url, "SELECT scheduler, term FROM schedlock_terms WHERE target = 'demo'"))
@@ -346,3 +357,52 @@ def test_a_fresh_install_in_its_schema_rolls_back_to_the_oldest_release(
         for role in ("postgres", sidecar_role):
             postgres.execute(f'ALTER ROLE "{role}" IN DATABASE "{name}" RESET search_path')
         postgres.drop_database(database)
+
+
+@pytest.mark.timeout(600)
+def test_a_rolling_update_from_sessions_per_key_to_one_session_per_sidecar(
+    tmp_path: Path,
+    migrated_database: str,
+    per_key_release: Release,
+) -> None:
+    """The release before one session per sidecar (each key's lock waited for on a session of
+    its own) and today's (a target's leadership lock, then each key's own on the same session)
+    on the same keys while rows and a schedule fire: each key has one leader at a time, old or
+    new, a new leader takes the keys as the old replicas go, nothing is lost, and a second
+    delivery is only of the SIGKILLed leader's rows in flight, with the same key."""
+    old = per_key_release.schedlock
+    sidecar_url = as_role(migrated_database, SIDECAR_ROLE)
+    group = SidecarGroup(tmp_path, sidecar_url, extra_env=ENV, replicas=0)
+    group.start()
+    stream = RowStream(migrated_database)
+    killed: set[str] = set()
+    try:
+        for i in range(3):
+            group.add(f"old-{i}", program=old)
+        for sidecar in group:
+            sidecar.wait_ready()
+        run(old, migrated_database, "schedule", "--target", "demo", "--cron", EVERY, "--name", "t")
+        stream.start()
+        wait_fired(group, "old", since=0.0)
+        replaced_at = roll_over(group, killed)
+        wait_fired(group, "new", since=replaced_at)
+        assert leading(NEW, migrated_database) == dict.fromkeys(Scheduler, "new")
+        # One session per new sidecar: the leader holds both keys on one, a standby waits on
+        # one, the third is a reserve with none.
+        news = [s for s in group if s.alive()]
+        counts = sorted(
+            int(
+                fetch(
+                    migrated_database,
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                    s.name,
+                )[0][0]
+            )
+            for s in news
+        )
+        assert counts == [0, 1, 1], counts
+        uids = stream.stop()
+        check_everything(group, migrated_database, uids, killed, frozenset({"old", "new"}))
+    finally:
+        stream.halt()
+        group.stop()

@@ -580,9 +580,9 @@ def _status(url: str) -> dict[str, object]:
 def _take_the_lock_from_b(
     tenancy: Tenancy, squatter: psycopg.Connection[tuple[object, ...]]
 ) -> None:
-    """A's session queues for B's key (plain pg_advisory_lock, no time-out: it stays ahead of
-    B's standbys, whose 1 s slices queue again each time) and the admin ends B's leader's
-    session, as a crash would: the lock goes to A.  Repeated in the rare case a standby of B
+    """A's session queues for B's key (plain pg_advisory_lock, no time-out: B's leaders only
+    ever try a key's own lock, never queue for it) and the admin ends B's leader's session, as
+    a crash would: the lock goes to A.  Repeated in the rare case a standby of B
     was ahead (with every row of B published, a hand-over costs nothing)."""
     pid = squatter.info.backend_pid
     locked = threading.Thread(
@@ -628,22 +628,25 @@ def test_a_holding_bs_lock_by_hand_is_named_everywhere_until_an_admin_ends_it(
         _take_the_lock_from_b(tenancy, squatter)
         insert_rows(tenancy.admin, SQ_ROWS, start_in=0, namespace=NS_B, prefix="sq")
         named = f"lock held by role '{ROLE_A}' (backend pid {pid}) since "
-        # /readyz of every B sidecar (both wait now) names it, still 200; so do the metric ...
-        for sidecar in team_b:
-            wait_for(
-                lambda s=sidecar: named in _readyz(s)[1],
-                timeout=30,
-                what=f"{sidecar.name}'s /readyz to name the foreign holder",
-            )
-            status, text = _readyz(sidecar)
-            assert status == 200 and text.startswith("ok, key's lock held by a role"), text
-            assert f"publish/{NS_B}/demo: {named}" in text
-            assert _foreign_gauge(sidecar) == 1
-            # ... and the log
-            said = list(records(sidecar.log_text(), Event.LOCK_HELD_BY_FOREIGN_ROLE))
-            assert said and {(r["role"], r["pid"], r["key"]) for r in said} == {
-                (ROLE_A, pid, str(SQUATTED))
-            }
+        # The B sidecar that leads B's target (its leadership lock; it tries the publish key's
+        # own lock every second) names it on /readyz, still 200; so do the metric ...
+        leader_b = wait_for(
+            lambda: [s for s in team_b if named in _readyz(s)[1]],
+            timeout=30,
+            what="B's leader's /readyz to name the foreign holder",
+        )[0]
+        status, text = _readyz(leader_b)
+        assert status == 200 and text.startswith("ok, key's lock held by a role"), text
+        assert f"publish/{NS_B}/demo: {named}" in text
+        assert _foreign_gauge(leader_b) == 1
+        # ... and the log
+        said = list(records(leader_b.log_text(), Event.LOCK_HELD_BY_FOREIGN_ROLE))
+        assert said and {(r["role"], r["pid"], r["key"]) for r in said} == {
+            (ROLE_A, pid, str(SQUATTED))
+        }
+        # The other waits for the leadership lock, behind B's own leader: nothing foreign.
+        for other in (s for s in team_b if s is not leader_b):
+            assert named not in _readyz(other)[1] and _foreign_gauge(other) == 0
         # schedlock status, as the admin and as B's operator role (under row-level security)
         ops_b = tenancy.server.url("tenants", OPS_B, PASSWORDS[OPS_B])
         for url in (tenancy.admin, ops_b):
@@ -668,6 +671,6 @@ def test_a_holding_bs_lock_by_hand_is_named_everywhere_until_an_admin_ends_it(
             what=f"{sidecar.name}'s /readyz back to ok",
         )
         assert _foreign_gauge(sidecar) == 0
-        gone = list(records(sidecar.log_text(), Event.LOCK_FOREIGN_HOLDER_GONE))
-        assert gone and (gone[-1]["role"], gone[-1]["pid"]) == (ROLE_A, pid)
+    gone = list(records(leader_b.log_text(), Event.LOCK_FOREIGN_HOLDER_GONE))
+    assert gone and (gone[-1]["role"], gone[-1]["pid"]) == (ROLE_A, pid)
     assert _status(tenancy.admin)["foreignHolder"] is None

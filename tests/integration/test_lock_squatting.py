@@ -13,10 +13,12 @@ import asyncio
 import psycopg
 import pytest
 
-from schedlock.store import ForeignHolder, LockKey, open_store
+from schedlock.store import LEADER_CLASS_ID, ForeignHolder, LockKey, TargetLock, open_store
 from testbed.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
 
 KEY = LockKey("publish", "team-b", "demo")
+OTHER = LockKey("recurring", "team-b", "demo")
+TARGET = TargetLock((KEY, OTHER))  # B's sidecars: one session for both keys
 SQUATTER = "squatter_a"  # a sidecar role of namespace team-a only
 B_OPERATOR = "operator_b"  # an operator role scoped to namespace team-b
 
@@ -32,7 +34,9 @@ def squatted(migrated_database: str, postgres: PostgresService) -> str:
         await store.grant(sidecar_role=SQUATTER, operator_role=None, namespaces=["team-a"])
         await store.grant(sidecar_role=None, operator_role=B_OPERATOR, namespaces=["team-b"])
         # B's key is registered by B's sidecar (the all-namespace role of the template)
-        session = open_store(as_role(migrated_database, SIDECAR_ROLE)).lock_session(KEY, "b", 15)
+        session = open_store(as_role(migrated_database, SIDECAR_ROLE)).lock_session(
+            KEY, "b", 15, TARGET
+        )
         await session.connect()
         await session.close()
         await store.close()
@@ -41,10 +45,12 @@ def squatted(migrated_database: str, postgres: PostgresService) -> str:
     return migrated_database
 
 
-def hold_by_hand(url: str, role: str) -> psycopg.Connection[tuple[object, ...]]:
-    """A session of ``role`` holding KEY's lock, as `SELECT pg_advisory_lock(…)` by hand."""
+def hold_by_hand(
+    url: str, role: str, lock: LockKey | TargetLock = KEY
+) -> psycopg.Connection[tuple[object, ...]]:
+    """A session of ``role`` holding ``lock``, as `SELECT pg_advisory_lock(…)` by hand."""
     conn = psycopg.connect(as_role(url, role), autocommit=True)
-    conn.execute("SELECT pg_advisory_lock(%s, %s)", (KEY.classid, KEY.objid))
+    conn.execute("SELECT pg_advisory_lock(%s, %s)", (lock.classid, lock.objid))
     return conn
 
 
@@ -75,7 +81,11 @@ def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
         # The admin's status and a role scoped to team-b both name the holder.
         for url in (squatted, as_role(squatted, B_OPERATOR)):
             store = open_store(url)
-            (status,) = [k for k in await store.key_status() if k.namespace == "team-b"]
+            (status,) = [
+                k
+                for k in await store.key_status()
+                if k.namespace == "team-b" and k.scheduler == "publish"
+            ]
             await store.close()
             assert (status.foreign_holder_role, status.foreign_holder_pid) == (SQUATTER, pid)
         # An admin ends the squatting session: the standby is granted the lock at once.
@@ -89,6 +99,97 @@ def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
     finally:
         squatter.close()
     assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]  # said once, not every slice
+
+
+def test_a_leader_trying_a_squatted_key_hears_of_the_holder_and_leads_the_other_key(
+    squatted: str, postgres: PostgresService
+) -> None:
+    """B's target session holds the leadership lock; the squatter holds the publish key's own
+    lock: taking that key gives nothing and names the holder, the recurring key is taken on
+    the same session, and the publish key is taken once an admin ends the squatter."""
+    squatter = hold_by_hand(squatted, SQUATTER)
+    pid = backend_pid(squatter)
+    heard: list[ForeignHolder | None] = []
+
+    async def run() -> None:
+        store = open_store(as_role(squatted, SIDECAR_ROLE))
+        leader = store.lock_session(KEY, "b-leader", 15, TARGET)
+        await leader.connect()
+        assert await leader.take_standby_place(1) == 0
+        await leader.acquire(heard.append)
+        await leader.leave_standby_place()
+        assert await leader.lock_key(KEY, heard.append) is None
+        assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]
+        recurring = await leader.lock_key(OTHER, heard.append)
+        assert recurring is not None and recurring.key == OTHER
+        assert (await recurring.begin_term()).term >= 1
+        (status,) = [k for k in await store.key_status() if k.scheduler == "publish"]
+        assert (status.foreign_holder_role, status.foreign_holder_pid) == (SQUATTER, pid)
+        assert postgres.terminate_backend(pid)
+        publish = None
+        for _ in range(50):
+            publish = await leader.lock_key(KEY, heard.append)
+            if publish is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert publish is not None
+        assert heard[-1] is None  # the holder is gone: said once
+        # One server session holds the leadership lock and both keys' locks.
+        held = postgres.execute(
+            "SELECT count(DISTINCT pid), count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND granted AND pid = ANY(%s) AND classid::int IN (%s, %s)",
+            postgres.backends(squatted, application_name="b-leader"),
+            LEADER_CLASS_ID,
+            KEY.classid,
+        )
+        assert held == [(1, 3)], held
+        await publish.release(None)
+        await recurring.release(None)
+        await leader.release(None)
+        await store.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        squatter.close()
+
+
+def test_a_standby_waiting_for_a_squatted_leadership_lock_hears_of_it(
+    squatted: str, postgres: PostgresService
+) -> None:
+    """The squatter holds B's target's leadership lock: B's standby hears of it while it waits,
+    and `schedlock status` names it for both of B's keys."""
+    squatter = hold_by_hand(squatted, SQUATTER, TARGET)
+    pid = backend_pid(squatter)
+    heard: list[ForeignHolder | None] = []
+
+    async def run() -> None:
+        store = open_store(as_role(squatted, SIDECAR_ROLE))
+        standby = store.lock_session(KEY, "b-standby", 15, TARGET)
+        await standby.connect()
+        told = asyncio.Event()
+
+        def on_holder(holder: ForeignHolder | None) -> None:
+            heard.append(holder)
+            told.set()
+
+        waiting = asyncio.create_task(standby.acquire(on_holder))
+        await asyncio.wait_for(told.wait(), 15)
+        statuses = [k for k in await store.key_status() if k.namespace == "team-b"]
+        assert {k.scheduler for k in statuses} == {"publish", "recurring"}
+        for status in statuses:
+            assert (status.foreign_holder_role, status.foreign_holder_pid) == (SQUATTER, pid)
+            assert status.standbys == ("b-standby",) or status.waiters <= 1
+        assert postgres.terminate_backend(pid)
+        await asyncio.wait_for(waiting, 15)
+        await standby.release(None)
+        await store.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        squatter.close()
+    assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]
 
 
 def test_a_holder_that_serves_the_namespace_is_never_foreign(squatted: str) -> None:
@@ -111,7 +212,11 @@ def test_a_holder_that_serves_the_namespace_is_never_foreign(squatted: str) -> N
         honest.close()
         await asyncio.wait_for(waiting, 15)
         store = open_store(squatted)
-        (status,) = [k for k in await store.key_status() if k.namespace == "team-b"]
+        (status,) = [
+            k
+            for k in await store.key_status()
+            if k.namespace == "team-b" and k.scheduler == "publish"
+        ]
         await store.close()
         assert status.foreign_holder_role is None and status.foreign_holder_pid is None
         await standby.close()

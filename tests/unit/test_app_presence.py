@@ -19,7 +19,7 @@ from aiohttp import web
 from schedlock.core.settings import SettingError, build, check_url
 from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.delivery import Deliverer, lost_connection
-from schedlock.sidecar.lock import KeyElector, Leadership, Role
+from schedlock.sidecar.lock import Elector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.sidecar.target import (
@@ -419,7 +419,7 @@ async def until(predicate: Callable[[], bool]) -> None:
 
 @dataclasses.dataclass
 class Subject:
-    elector: KeyElector
+    elector: Elector
     server: FakeServer
     app: FakeApp
     other: FakeSession  # the replica that holds the lock until grant()
@@ -452,9 +452,9 @@ async def elector() -> AsyncIterator[Subject]:
         await ending.wait()
         worked.append("ended")
 
-    subject = KeyElector(
+    subject = Elector(
         server,  # type: ignore[arg-type]
-        KEY,
+        (KEY,),
         holder="me",
         timings=LeaseTimings(10),
         metrics=SidecarMetrics(),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from schedlock.core.timings import LeaseTimings
-from schedlock.sidecar.lock import KeyElector, Leadership, Role
+from schedlock.sidecar.lock import Elector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.reserve import (
     JITTER,
@@ -142,7 +142,9 @@ class FakeDatabase:
     roster: dict[str, float] = field(default_factory=dict)  # holder -> expires (db clock)
     term: int = 0
 
-    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> FakeSession:
+    def lock_session(
+        self, key: LockKey, holder: str, lease_seconds: float, target: object = None
+    ) -> FakeSession:
         return FakeSession(self, holder)
 
     def grant_next(self) -> None:
@@ -225,6 +227,9 @@ class FakeSession:
         self.db.queue.append((self, self.waiting))
         await self.waiting
 
+    async def lock_key(self, key: LockKey, on_holder: object = None) -> FakeSession:
+        return self  # the target's one key: its lock is the one acquired
+
     async def begin_term(self) -> TermStart:
         self.db.term += 1
         return TermStart(
@@ -251,7 +256,7 @@ class AlwaysThere:
 
 @dataclass
 class Replica:
-    elector: KeyElector
+    elector: Elector
     task: asyncio.Task[None]
     led_at: list[float]
 
@@ -293,9 +298,9 @@ class Fleet:
             if session.dead.is_set():
                 raise LeadershipLost("session ended")
 
-        elector = KeyElector(
+        elector = Elector(
             self.db,  # type: ignore[arg-type]
-            KEY,
+            (KEY,),
             holder=name,
             timings=LeaseTimings(10, 3),
             metrics=SidecarMetrics(),

@@ -18,7 +18,7 @@ import pytest
 
 from schedlock.core.aio import now
 from schedlock.core.timings import LeaseTimings
-from schedlock.sidecar.lock import KeyElector, Leadership, Role
+from schedlock.sidecar.lock import Elector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.store import ForeignHolder, UnlockFailed
 from testbed.lock_fakes import KEY, FakeApp, FakeServer, FakeSession
@@ -31,7 +31,7 @@ LABELS = {"scheduler": "publish", "namespace": "default", "target": "demo"}
 
 @dataclass
 class Replica:
-    elector: KeyElector
+    elector: Elector
     stopping: asyncio.Event
     task: asyncio.Task[None]
     terms: list[tuple[int, float]]  # (term, virtual time it started)
@@ -68,9 +68,9 @@ def start(server: FakeServer, name: str) -> Replica:
             raise
         ends.append(("ended", now()))
 
-    elector = KeyElector(
+    elector = Elector(
         server,  # type: ignore[arg-type]
-        KEY,
+        (KEY,),
         holder=name,
         timings=TIMINGS,
         metrics=SidecarMetrics(),
@@ -253,10 +253,10 @@ def test_a_standby_says_a_foreign_holder_until_it_leads(caplog: pytest.LogCaptur
         assert b.metric("schedlock_lock_foreign_holder") == 0 and b.elector.squatted is None
         server.squat(squatter)
         server.squat(squatter)  # the same holder again: nothing new is said
-        assert b.elector.foreign_holder == squatter
+        assert [held for held, _since in b.elector.foreign.values()] == [squatter]
         assert b.metric("schedlock_lock_foreign_holder") == 1
         said = b.elector.squatted or ""
-        assert said.startswith("publish/default/demo: lock held by role 'tenant_a")
+        assert said.startswith("default/demo: lock held by role 'tenant_a")
         assert "(backend pid 4242) since " in said and "\n" not in said
         server.end(squatting)  # an admin's pg_terminate_backend
         await until(lambda: leading(b))
@@ -276,7 +276,7 @@ def test_a_standby_says_a_foreign_holder_until_it_leads(caplog: pytest.LogCaptur
 def test_a_standby_behind_its_own_leader_hears_of_no_foreign_holder() -> None:
     async def body(server: FakeServer) -> None:
         a, b = await leader_and_standby(server)
-        assert b.elector.foreign_holder is None
+        assert not b.elector.foreign
         assert b.metric("schedlock_lock_foreign_holder") == 0
         await a.stop()
         await until(lambda: leading(b))

@@ -53,6 +53,7 @@ from schedlock.store import (
     SchemaStatus,
     SchemaTooNew,
     ServedNamespaces,
+    SessionBudget,
     Store,
     StoreError,
     ensure_schema,
@@ -400,6 +401,9 @@ def status_rows(keys: list[KeyStatus]) -> list[dict[str, Any]]:
             "since": _iso(k.since),
             "lastHeartbeat": _iso(k.heartbeat_at),
             "waiting": k.waiters,
+            # the database sessions serving the key: its leader's and its standbys' (the keys
+            # of a target share them: one session per replica serves every key)
+            "sessions": (k.lock_holder is not None) + len(k.standbys),
             "standbys": list(k.standbys),
             "reserves": list(k.reserves),
             "backlog": k.backlog,
@@ -438,6 +442,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         "leader",
         "term",
         "since",
+        "sessions",
         "standbys",
         "reserves",
         "backlog",
@@ -489,11 +494,28 @@ def squatting_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def cmd_status(db: DatabaseSettings, args: argparse.Namespace) -> int:
-    async def read(store: Store) -> tuple[list[KeyStatus], ServedNamespaces]:
-        return await store.key_status(), await store.served_namespaces()
+def budget_line(budget: SessionBudget) -> str | None:
+    """The database-wide line under ``schedlock status``'s table: the sessions schedlock's
+    replicas hold by role, against the server's limit (None: SQLite, no server sessions)."""
+    if budget.max_connections is None:
+        return None
+    return (
+        f"database sessions: {budget.sessions} held by schedlock sidecars "
+        f"({budget.leaders} leading, {budget.standbys} standing by; reserves hold none), "
+        f"{budget.client_sessions} client sessions in all, max_connections "
+        f'{budget.max_connections} (sizing: docs/operations.md, "Database sessions")'
+    )
 
-    keys, served = _with_store("status", db, read, "cannot read the status")
+
+def cmd_status(db: DatabaseSettings, args: argparse.Namespace) -> int:
+    async def read(store: Store) -> tuple[list[KeyStatus], ServedNamespaces, SessionBudget]:
+        return (
+            await store.key_status(),
+            await store.served_namespaces(),
+            await store.session_budget(),
+        )
+
+    keys, served, budget = _with_store("status", db, read, "cannot read the status")
     if not served.every:
         print(hidden_keys_note(served), file=sys.stderr)
     rows = status_rows(keys)
@@ -505,6 +527,8 @@ def cmd_status(db: DatabaseSettings, args: argparse.Namespace) -> int:
         print(render_table(rows))
         for line in squatting_lines(rows):
             print(line)
+        if (said := budget_line(budget)) is not None:
+            print(said)
     return 0
 
 

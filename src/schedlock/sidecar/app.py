@@ -35,7 +35,7 @@ from schedlock.core.settings import EXIT_BAD_SETTING, add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.http import build_app
-from schedlock.sidecar.lock import FATAL, RETRIED, UNSAFE, KeyElector, Role
+from schedlock.sidecar.lock import FATAL, RETRIED, UNSAFE, Elector, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.sidecar.target import TargetWatch, Thresholds, derive_check
@@ -65,7 +65,7 @@ class Sidecar:
             schema=settings.database_schema,
         )
         self.stopping = asyncio.Event()
-        self.electors: list[KeyElector] = []
+        self.electors: list[Elector] = []
         self.tasks: Supervisor | None = None  # the electors' group, once it runs
         self.checks: Supervisor | None = None  # the app check's group
         self.schema_ok = False
@@ -102,7 +102,7 @@ class Sidecar:
             )
         down = [e for e in self.electors if not e.settled]
         if down:
-            why = "; ".join(f"{e.key}: {e.last_summary or 'connecting'}" for e in down)
+            why = "; ".join(f"{e.lock}: {e.last_summary or 'connecting'}" for e in down)
             return False, f"lock sessions not connected: {why}"
         # Ready all the same in both cases below: the pod's readiness gates the app's traffic.
         warnings: list[str] = []
@@ -116,7 +116,7 @@ class Sidecar:
                 "key's lock held by a role that may not serve this namespace, its rows wait "
                 "(an admin ends that session: pg_terminate_backend): " + "; ".join(squatted)
             )
-        refused = [str(e.key) for e in self.electors if e.refused]
+        refused = [str(e.lock) for e in self.electors if e.refused]
         if refused:
             # A database out of slots is no reason to take the app out of service.  This
             # replica holds no session and backs off; the leader and standbys keep theirs.
@@ -217,10 +217,13 @@ class Sidecar:
             firer = Firer(
                 self.store, deliverer, self.metrics, options, app=self.app, rng=random.Random()
             )
+            # One elector, one session, for every key of the target (schedlock.sidecar.lock).
             self.electors = [
-                KeyElector(
+                Elector(
                     self.store,
-                    LockKey(scheduler, s.namespace, s.target),
+                    tuple(
+                        LockKey(scheduler, s.namespace, s.target) for scheduler in s.scheduler_names
+                    ),
                     holder=s.holder_name,
                     timings=s.timings,
                     metrics=self.metrics,
@@ -229,7 +232,6 @@ class Sidecar:
                     standbys=s.standbys,
                     reserve_check_seconds=s.reserve_check_seconds,
                 )
-                for scheduler in s.scheduler_names
             ]
             # A staged stop: each elector ends its term (in-flight deliveries get the grace),
             # then unlocks; one that has not stopped a lease after the grace is cancelled (its
@@ -247,7 +249,7 @@ class Sidecar:
                 self.tasks = electors
                 for elector in self.electors:
                     electors.supervise(
-                        f"elector:{elector.key}",
+                        f"elector:{elector.lock}",
                         functools.partial(elector.run, self.stopping),
                         restart_backoff(),
                         fatal=FATAL,

@@ -1,9 +1,16 @@
-"""Leadership of one lock key — the state machine every sidecar replica runs per key.
+"""Leadership of one target's lock keys — the state machine every sidecar replica runs.
 
-A lock key is (scheduler, namespace, target).  Exactly one replica per key leads; at most
-``standbys`` (``SCHEDLOCK_STANDBYS``, default 2) wait for the lock on a session of their own;
-every other replica is a *reserve* and holds no session at all.  So a key costs at most
-``1 + standbys`` database sessions, whatever the replica count::
+A lock key is (scheduler, namespace, target); a sidecar runs the keys of its target on ONE
+session.  A session can wait for one lock at a time, so replicas wait for the target's
+leadership lock (``schedlock.store.keys.TargetLock``); its holder takes each key's own lock on
+the same session without waiting (``LockSession.lock_key``) and leads that key; a key whose
+lock another session holds (a replica of a release that locked per key, during a rolling
+update; a squatter) is tried again every ``KEY_RETRY_SECONDS`` while the others are led.  The
+keys' own locks fence the rows, as before.  Any failure of a key's term ends the session: both
+keys move together.  Exactly one replica per target leads; at most ``standbys``
+(``SCHEDLOCK_STANDBYS``, default 1) wait on a session of their own; every other replica is a
+*reserve* and holds no session at all.  So a target costs at most ``1 + standbys`` database
+sessions, whatever the replica count::
 
   state            its session                    leaves for
   ───────────────  ─────────────────────────────  ───────────────────────────────────────────
@@ -19,15 +26,15 @@ every other replica is a *reserve* and holds no session at all.  So a key costs 
                    pg_advisory_lock (0 queries/s)   place given back + term bumped
                                                   DISCONNECTED: session died
                                                   WAITING_FOR_APP: app unreachable (close)
-  LEADING          own: the key's lock, LISTEN    WAITING_FOR_APP: app unreachable (end the
-                                                    term, checked unlock)
+  LEADING          own: the leadership lock, the  WAITING_FOR_APP: app unreachable (end the
+                   keys' locks, LISTEN              terms, checked unlocks)
                                                   RELEASED: SIGTERM (end the term, checked
                                                     unlock, exit 0)
                                                   DISCONNECTED: session died / heartbeat late
 
-Standby places.  Place ``i`` of a key is a two-int4 advisory lock in a class of its own
+Standby places.  Place ``i`` of a target is a two-int4 advisory lock in a class of its own
 (``schedlock.store.keys``).  A replica connects, tries the places with ``pg_try_advisory_lock``
-(never waiting) and, holding one, waits for the key's lock on the same session: a standby.
+(never waiting) and, holding one, waits for the leadership lock on the same session: a standby.
 Granted, it gives its place back (checked unlock) so a reserve can take it; a standby that
 dies frees its place with its session.  Every replica tries once when it starts or its app
 comes back, so the first ones fill the places at once.
@@ -56,9 +63,9 @@ counts it; the leader and standbys keep their sessions.
 
 Invariants (docs/architecture.md, "Leadership: the state machine"):
 
-1. One dedicated connection per held or awaited lock; the lock, its heartbeat, every row
-   transition of the key and the leader's LISTEN go through it.  An unlock that returns false
-   (the key's lock or a standby place) raises :class:`UnlockFailed`.
+1. One dedicated connection per replica for the locks of its target; the locks, the
+   heartbeats, every row transition of the keys and the leader's LISTEN go through it.  An
+   unlock that returns false (a lock or a standby place) raises :class:`UnlockFailed`.
 2. Fenced by construction: transitions run on the lock session and re-check the term; a
    session only loses the lock by ending, after which its statements fail.
 3. Right after acquiring, the term is bumped on the lock session; rows left ``firing`` by an
@@ -96,12 +103,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from time import time as wall_time
-from typing import Protocol
+from typing import Any, Protocol
 
 from schedlock.core.aio import Backoff, Supervisor, now, sleep_unless, unless_set
 from schedlock.core.identities import rfc3339_epoch
@@ -121,6 +129,7 @@ from schedlock.store import (
     Store,
     StoreError,
     StoreUnavailable,
+    TargetLock,
     TermStart,
     UnlockFailed,
     UnsafeConnection,
@@ -183,7 +192,7 @@ class Leadership:
         return self.clock() - self.last_heartbeat_ok < self.step_down_after
 
 
-LeaderWork = Callable[[Leadership, asyncio.Event], Awaitable[None]]
+LeaderWork = Callable[[Leadership, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 class AppPresence(Protocol):
@@ -207,22 +216,29 @@ class _Turns:
     reserves: int
 
 
+# A target's leader whose key is held by another session (a replica of a release that locked per
+# key, during a rolling update, or a squatter) tries that key's lock again this often.
+KEY_RETRY_SECONDS = 1.0
+
+
 @dataclass(eq=False)
-class KeyElector:
-    """Runs the state machine for one key until ``stopping`` is set, calling ``work`` as leader.
+class Elector:
+    """Runs the state machine for one target's keys until ``stopping`` is set, calling ``work``
+    for each key it leads.  One session for every key: the replica waits for the target's
+    leadership lock (``TargetLock``), then takes each key's own lock on the same session.
 
     ``clock`` and ``sleep(seconds, *events)`` (wait that long unless one is set) are the
     running loop's by default; a test passes fake ones, or runs on a virtual-time loop.
     """
 
     store: Store
-    key: LockKey
+    keys: tuple[LockKey, ...]
     holder: str
     timings: LeaseTimings  # the lease, the heartbeat and the step-down, derived in one place
     metrics: SidecarMetrics
     work: LeaderWork
     app: AppPresence
-    standbys: int = 2
+    standbys: int = 1
     reserve_check_seconds: float = 5.0
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = now
@@ -232,17 +248,22 @@ class KeyElector:
     last_summary: str | None = field(default=None, init=False)  # the same in words (/readyz)
     refused: str | None = field(default=None, init=False)  # the last refusal, until a connect
     next_check_at: float | None = field(default=None, init=False)  # a reserve's next check
-    # A session of a role that may not serve the namespace holds the key's lock (lock
-    # squatting), as this replica's wait last heard, and since when (Unix time).
-    foreign_holder: ForeignHolder | None = field(default=None, init=False)
-    foreign_since: float | None = field(default=None, init=False)
+    # The keys this replica leads now, each with its term.
+    leading: dict[LockKey, Leadership] = field(default_factory=dict, init=False)
+    # Sessions of roles that may not serve the namespace holding the target's leadership lock
+    # or a key's own lock (lock squatting), as this replica last heard, and since when (Unix
+    # time).
+    foreign: dict[LockKey | TargetLock, tuple[ForeignHolder, float]] = field(
+        default_factory=dict, init=False
+    )
     _turns: _Turns | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.labels = (self.key.scheduler, self.key.namespace, self.key.target)
+        self.lock = TargetLock(self.keys)
         self.reconnect = Backoff(RECONNECT_FIRST, RECONNECT_CAP, self.rng)
         self.refusals = refused_backoff(self.rng)
-        self.metrics.init_key(*self.labels)
+        for key in self.keys:
+            self.metrics.init_key(*_labels(key))
 
     @property
     def connected(self) -> bool:
@@ -279,7 +300,9 @@ class KeyElector:
                 if not self.app.reachable.is_set():
                     continue
                 self.next_check_at = None
-            session = self.store.lock_session(self.key, self.holder, self.timings.lease_seconds)
+            session = self.store.lock_session(
+                self.keys[0], self.holder, self.timings.lease_seconds, self.lock
+            )
             failed = False
             opened = False
             try:
@@ -300,12 +323,12 @@ class KeyElector:
                     self._turns = None
                 self._set_role(Role.STANDBY)
                 if await unless_set(
-                    session.acquire(self._heard_holder),
+                    session.acquire(functools.partial(self._heard_holder, self.lock)),
                     stopping,
                     self.app.unreachable,
                     suppress=(StoreError,),
                 ):
-                    self._heard_holder(None, "granted")
+                    self._heard_holder(self.lock, None, "granted")
                     # The lock is ours: give the standby place back, so a reserve can fill it.
                     await session.leave_standby_place()
                     await self._lead(session, stopping)
@@ -321,9 +344,10 @@ class KeyElector:
                 level = logging.WARNING if self.role is Role.LEADING else logging.INFO
                 self._say(level, Event.LOCK_SESSION_LOST, role=self.role.value, error=str(exc))
             finally:
-                self._heard_holder(None, "wait ended")
-                if self.role is Role.LEADING:
-                    self._lost()
+                for where in list(self.foreign):
+                    self._heard_holder(where, None, "wait ended")
+                for key in list(self.leading):
+                    self._lost(key)
                 await session.close()
                 if opened:
                     self.metrics.sessions.dec()
@@ -371,72 +395,83 @@ class KeyElector:
 
     @property
     def squatted(self) -> str | None:
-        """Words for ``/readyz`` while a foreign role holds the key's lock (None otherwise):
-        the role as printable text (a role name is anyone's choice of characters)."""
-        holder, since = self.foreign_holder, self.foreign_since
-        if holder is None or since is None:
-            return None
-        return (
-            f"{self.key}: lock held by role '{printable(holder.role, ROLE_NAME_MAX)}' "
+        """Words for ``/readyz`` while a foreign role holds the target's leadership lock or a
+        key's lock (None otherwise): the role as printable text (a role name is anyone's
+        choice of characters)."""
+        said = [
+            f"{where}: lock held by role '{printable(holder.role, ROLE_NAME_MAX)}' "
             f"(backend pid {holder.pid}) since {rfc3339_epoch(since, 'seconds')}"
-        )
+            for where, (holder, since) in self.foreign.items()
+        ]
+        return "; ".join(said) or None
 
-    def _heard_holder(self, holder: ForeignHolder | None, why: str = "holder changed") -> None:
-        """What this standby's wait heard of who holds the lock: a foreign holder (lock
-        squatting: advisory locks have no ACL) or none.  Said once per change; the session
-        gives no news once its wait ends, so that forgets it (``why``)."""
-        if holder == self.foreign_holder:
+    def _heard_holder(
+        self,
+        where: LockKey | TargetLock,
+        holder: ForeignHolder | None,
+        why: str = "holder changed",
+    ) -> None:
+        """What this replica heard of who holds a lock it waits for (the target's leadership
+        lock as a standby, a key's own as a leader): a foreign holder (lock squatting:
+        advisory locks have no ACL) or none.  Said once per change; a session gives no news
+        once its wait ends, so that forgets it (``why``)."""
+        before = self.foreign.get(where)
+        if (before[0] if before else None) == holder:
             return
-        before, self.foreign_holder = self.foreign_holder, holder
-        self.metrics.foreign_holder.labels(*self.labels).set(0 if holder is None else 1)
+        keys = self.keys if isinstance(where, TargetLock) else (where,)
+        for key in keys:
+            self.metrics.foreign_holder.labels(*_labels(key)).set(0 if holder is None else 1)
         if holder is None:
             assert before is not None
-            self.foreign_since = None
+            del self.foreign[where]
             self._say(
                 logging.INFO,
                 Event.LOCK_FOREIGN_HOLDER_GONE,
-                role=before.role,
-                pid=before.pid,
+                where,
+                role=before[0].role,
+                pid=before[0].pid,
                 why=why,
             )
             return
-        self.foreign_since = wall_time()
-        self._say(logging.ERROR, Event.LOCK_HELD_BY_FOREIGN_ROLE, role=holder.role, pid=holder.pid)
+        self.foreign[where] = (holder, wall_time())
+        self._say(
+            logging.ERROR, Event.LOCK_HELD_BY_FOREIGN_ROLE, where, role=holder.role, pid=holder.pid
+        )
 
-    def _say(self, level: int, event: Event, **fields: object) -> None:
-        """Log ``event`` of this key: its message (``SAID``), the key and ``fields``."""
-        log.log(level, SAID[event], extra={"event": event, "key": str(self.key), **fields})
+    def _say(
+        self, level: int, event: Event, where: LockKey | TargetLock | None = None, **fields: object
+    ) -> None:
+        """Log ``event`` of this target (or of one key, ``where``): its message (``SAID``), the
+        key and ``fields``."""
+        key = str(self.lock if where is None else where)
+        log.log(level, SAID[event], extra={"event": event, "key": key, **fields})
 
     def _set_role(self, role: Role) -> None:
         self.role = role
         current = ROLE_LABELS.get(role)
-        for label in ROLE_LABELS.values():
-            self.metrics.role.labels(*self.labels, label).set(1 if label == current else 0)
+        for key in self.keys:
+            for label in ROLE_LABELS.values():
+                self.metrics.role.labels(*_labels(key), label).set(1 if label == current else 0)
 
-    def _lost(self, direction: str = "lost") -> None:
-        self.metrics.leader.labels(*self.labels).set(0)
-        self.metrics.term.labels(*self.labels).set(0)
-        self.metrics.backlog.labels(*self.labels).set(0)
-        self.metrics.oldest_due_age.labels(*self.labels).set(0)
-        self.metrics.transitions.labels(*self.labels, direction).inc()
+    def _lost(self, key: LockKey, direction: str = "lost") -> None:
+        del self.leading[key]
+        labels = _labels(key)
+        self.metrics.leader.labels(*labels).set(0)
+        self.metrics.term.labels(*labels).set(0)
+        self.metrics.backlog.labels(*labels).set(0)
+        self.metrics.oldest_due_age.labels(*labels).set(0)
+        self.metrics.transitions.labels(*labels, direction).inc()
 
     async def _lead(self, session: LockSession, stopping: asyncio.Event) -> None:
+        """Holding the target's leadership lock: take each key's own lock on this session and
+        lead it (its term, its heartbeat, the work), until the term ends gracefully or fails."""
         if self.app.unreachable.is_set():
             # Granted just as the app went away: hand the lock on before starting a term.
             await session.release(None)
             self._handed_over(None)
             return
-        start = await session.begin_term()
         self._set_role(Role.LEADING)
-        self._acquired(start)
-        leadership = Leadership(
-            key=self.key,
-            session=session,
-            term=start.term,
-            step_down_after=self.timings.step_down_after,
-            last_heartbeat_ok=now(),
-        )
-        # The term ends gracefully on SIGTERM or when the app stops answering; the work
+        # The terms end gracefully on SIGTERM or when the app stops answering; the work
         # cannot tell the two apart, and need not: both finish or abandon in-flight rows.
         ending = asyncio.Event()
 
@@ -444,38 +479,84 @@ class KeyElector:
             await sleep_unless(None, stopping, self.app.unreachable)
             ending.set()
 
-        # Every failure of the term is logged (the heartbeat's and the work's both); the first
-        # one ends it and reaches run(), which reconnects.
-        async with Supervisor(f"term:{self.key}", expected=RETRIED, logger=log) as term:
-            beat = term.start(f"heartbeat:{self.key}", self._heartbeat(leadership))
-            ender = term.start(f"term-end:{self.key}", end_term())
-            await self.work(leadership, ending)
-            beat.cancel()
-            ender.cancel()
+        # Every failure of a term is logged (a heartbeat's and a work's both); the first one
+        # ends every key's term and reaches run(), which reconnects: the keys move together.
+        async with Supervisor(f"term:{self.lock}", expected=RETRIED, logger=log) as term:
+            ender = term.start(f"term-end:{self.lock}", end_term())
+            beats: list[asyncio.Task[None]] = []
+            works: list[asyncio.Task[None]] = []
+            pending = list(self.keys)
+            while pending and not ending.is_set():
+                for key in list(pending):
+                    keyed = await session.lock_key(key, functools.partial(self._heard_holder, key))
+                    if keyed is None:
+                        continue  # held by another session: tried again below
+                    pending.remove(key)
+                    leadership = await self._begin(key, keyed)
+                    beats.append(term.start(f"heartbeat:{key}", self._heartbeat(leadership)))
+                    works.append(term.start(f"work:{key}", self.work(leadership, ending)))
+                if pending:
+                    await self.sleep(KEY_RETRY_SECONDS, ending)
+            if works:
+                await asyncio.wait(works)
+            for task in (*beats, ender):
+                task.cancel()
         # Reached only on a graceful end: the work finished or abandoned its in-flight rows.
-        await session.release(leadership.term)
-        self._lost("released")
+        terms = list(self.leading.values())
+        for leadership in terms:
+            await leadership.session.release(leadership.term)
+            self._lost(leadership.key, "released")
+        await session.release(None)
         if stopping.is_set():
             self._set_role(Role.RELEASED)
-            self._say(logging.INFO, Event.LEADERSHIP_RELEASED, term=leadership.term)
+            for leadership in terms:
+                self._say(
+                    logging.INFO, Event.LEADERSHIP_RELEASED, leadership.key, term=leadership.term
+                )
         else:
-            self._handed_over(leadership.term)
+            self._handed_over(terms)
 
-    def _handed_over(self, term: int | None) -> None:
+    async def _begin(self, key: LockKey, session: LockSession) -> Leadership:
+        """The key's lock is ours: bump its term (rows an earlier term left firing are the
+        work's to adopt) and say so."""
+        start = await session.begin_term()
+        leadership = Leadership(
+            key=key,
+            session=session,
+            term=start.term,
+            step_down_after=self.timings.step_down_after,
+            last_heartbeat_ok=now(),
+        )
+        self.leading[key] = leadership
+        self._acquired(key, start)
+        return leadership
+
+    def _handed_over(self, terms: list[Leadership] | None) -> None:
         self._set_role(Role.WAITING_FOR_APP)
-        self._say(logging.WARNING, Event.LEADERSHIP_HANDED_OVER, term=term, error=self.app.reason)
+        for leadership in terms or ():
+            self._say(
+                logging.WARNING,
+                Event.LEADERSHIP_HANDED_OVER,
+                leadership.key,
+                term=leadership.term,
+                error=self.app.reason,
+            )
+        if not terms:
+            self._say(logging.WARNING, Event.LEADERSHIP_HANDED_OVER, error=self.app.reason)
 
-    def _acquired(self, start: TermStart) -> None:
-        self.metrics.leader.labels(*self.labels).set(1)
-        self.metrics.term.labels(*self.labels).set(start.term)
-        self.metrics.transitions.labels(*self.labels, "acquired").inc()
-        self.metrics.last_tick.labels(*self.labels).set_to_current_time()
+    def _acquired(self, key: LockKey, start: TermStart) -> None:
+        labels = _labels(key)
+        self.metrics.leader.labels(*labels).set(1)
+        self.metrics.term.labels(*labels).set(start.term)
+        self.metrics.transitions.labels(*labels, "acquired").inc()
+        self.metrics.last_tick.labels(*labels).set_to_current_time()
         if start.gap_seconds is not None and start.term > 1:
-            self.metrics.handover_gap.labels(*self.labels).observe(max(0.0, start.gap_seconds))
+            self.metrics.handover_gap.labels(*labels).observe(max(0.0, start.gap_seconds))
         gap = start.gap_seconds
         self._say(
             logging.INFO,
             Event.LEADERSHIP_ACQUIRED,
+            key,
             term=start.term,
             previous_holder=start.previous_holder,
             previous_released=start.previous_released,
@@ -498,6 +579,12 @@ class KeyElector:
                     f"heartbeat did not succeed within {leadership.step_down_after:.1f}s: stepping down"
                 ) from exc
             leadership.last_heartbeat_ok = now()
-            self.metrics.backlog.labels(*self.labels).set(beat.backlog)
-            self.metrics.oldest_due_age.labels(*self.labels).set(beat.oldest_due_age or 0.0)
-            self.metrics.last_tick.labels(*self.labels).set_to_current_time()
+            labels = _labels(leadership.key)
+            self.metrics.backlog.labels(*labels).set(beat.backlog)
+            self.metrics.oldest_due_age.labels(*labels).set(beat.oldest_due_age or 0.0)
+            self.metrics.last_tick.labels(*labels).set_to_current_time()
+
+
+def _labels(key: LockKey) -> tuple[str, str, str]:
+    """A key's metric labels: scheduler, namespace, target."""
+    return (key.scheduler, key.namespace, key.target)

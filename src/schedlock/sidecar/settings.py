@@ -124,13 +124,15 @@ class SidecarSettings(RetentionSettings, ServiceSettings):
     )
     standbys: int = setting(
         "SCHEDLOCK_STANDBYS",
-        2,
+        1,
         integer(0, 10000),
         "sessions",
-        help="standby places per lock key: at most this many replicas wait for the lock on "
-        "their own session (millisecond hand-over); the others hold no session and check "
-        "now and then for a free place. Sessions per key are at most 1 + this, whatever the "
-        "replica count; a value at least the replica count gives every replica a session",
+        help="standby places per target: at most this many replicas wait for leadership on "
+        "a session of their own (millisecond hand-over); the others hold no session and "
+        "check now and then for a free place. A replica uses one session for all its keys, so "
+        "a target costs at most 1 + this many sessions, whatever the replica count; if the "
+        "leader and every standby die at once, a reserve leads within about "
+        "SCHEDLOCK_RESERVE_CHECK_SECONDS",
     )
     reserve_check_seconds: float = setting(
         "SCHEDLOCK_RESERVE_CHECK_SECONDS",

@@ -40,7 +40,13 @@ from schedlock.store.errors import (
     schema_too_new,
     summary,
 )
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
+from schedlock.store.keys import (
+    LEADER_CLASS_ID,
+    SCHEDLOCK_CLASS_ID,
+    STANDBY_CLASS_ID,
+    LockKey,
+    TargetLock,
+)
 from schedlock.store.models import (
     EVERY_NAMESPACE,
     RECORDED_OUTCOMES,
@@ -63,6 +69,7 @@ from schedlock.store.models import (
     ScheduleSpec,
     SchemaStatus,
     ServedNamespaces,
+    SessionBudget,
     SweepPosition,
     SyncCursor,
     TermStart,
@@ -74,6 +81,7 @@ SCHEMA_RETRY_CAP = 10.0
 
 __all__ = [
     "EVERY_NAMESPACE",
+    "LEADER_CLASS_ID",
     "RECORDED_OUTCOMES",
     "SCHEDLOCK_CLASS_ID",
     "STANDBY_CLASS_ID",
@@ -111,11 +119,13 @@ __all__ = [
     "SchemaStatus",
     "SchemaTooNew",
     "ServedNamespaces",
+    "SessionBudget",
     "Store",
     "StoreError",
     "StoreUnavailable",
     "SweepPosition",
     "SyncCursor",
+    "TargetLock",
     "TermStart",
     "UnlockFailed",
     "UnsafeConnection",

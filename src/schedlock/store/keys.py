@@ -23,6 +23,21 @@ A replica waits for the key's lock only while it holds one place on the same ses
 most ``1 + standbys`` sessions exist per key.  Places live in their own class, so they can
 never collide with a key's lock; two keys whose places collide merely share that place (one
 standby fewer for each, still bounded and still correct), which needs no registry.
+
+Leadership of a target (:class:`TargetLock`).  A sidecar runs every key of its target (the
+publish and the recurring scheduler) on one session.  A session can wait for one lock at a
+time, so its replicas queue for one lock per target first, and take the keys' locks after it:
+
+* ``classid`` = ``LEADER_CLASS_ID`` = 0x53434C54 (ASCII "SCLT"), a class of its own;
+* ``objid``   = the objid of the target's first key (the publish key, when the sidecar runs
+  it).  The keys' objids are registered as unique, so two targets never share a leadership
+  lock and no second registry is needed;
+* standby places: class ``STANDBY_CLASS_ID``, objids over
+  ``"schedlock/v1/<namespace>/<target>/standby/<i>"`` (no scheduler: a text no key's place has).
+
+The keys' own locks stay what fences the rows: a term begins only on a session that holds its
+key's lock, so a release that waits per key (before the leadership lock) running beside one
+that waits per target (a rolling update) is still fenced per key.
 """
 
 from __future__ import annotations
@@ -33,6 +48,7 @@ from dataclasses import dataclass
 
 SCHEDLOCK_CLASS_ID = 0x53434C4B
 STANDBY_CLASS_ID = 0x53434C53
+LEADER_CLASS_ID = 0x53434C54
 MIGRATIONS_OBJID = 0  # the lock that serialises migrations: (SCHEDLOCK_CLASS_ID, 0)
 
 
@@ -69,3 +85,47 @@ class LockKey:
 
     def __str__(self) -> str:
         return f"{self.scheduler}/{self.namespace}/{self.target}"
+
+
+@dataclass(frozen=True)
+class TargetLock:
+    """The leadership lock of a target's keys (``keys[0]`` names it): what its replicas queue
+    for, one session each, before taking the keys' own locks."""
+
+    keys: tuple[LockKey, ...]
+
+    def __post_init__(self) -> None:
+        parts = {(k.namespace, k.target) for k in self.keys}
+        if len(parts) != 1:
+            raise ValueError(f"a target lock is over the keys of one target, got {self.keys}")
+
+    @property
+    def namespace(self) -> str:
+        return self.keys[0].namespace
+
+    @property
+    def target(self) -> str:
+        return self.keys[0].target
+
+    @property
+    def text(self) -> str:
+        return f"schedlock/v1/{self.namespace}/{self.target}"
+
+    @property
+    def classid(self) -> int:
+        return LEADER_CLASS_ID
+
+    @property
+    def objid(self) -> int:
+        return self.keys[0].objid
+
+    def standby_objids(self, places: int) -> list[int]:
+        """The objids of the target's standby places 0 .. places-1 (class ``STANDBY_CLASS_ID``)."""
+        return [objid_for(f"{self.text}/standby/{i}") for i in range(places)]
+
+    def params(self) -> dict[str, object]:
+        """The lock ids as query parameters (``classid``, ``objid``)."""
+        return {"classid": self.classid, "objid": self.objid}
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.target}"

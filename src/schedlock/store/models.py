@@ -222,6 +222,19 @@ EVERY_NAMESPACE = "*"
 
 
 @dataclass(frozen=True)
+class SessionBudget:
+    """The database's sessions as schedlock's replicas use them now (``schedlock status``): a
+    leader's one session serves every key of its target, a standby's waits for all of them;
+    reserves hold none.  ``max_connections`` is None where the database has no such limit."""
+
+    leaders: int
+    standbys: int
+    sessions: int  # distinct sessions holding or waiting for any schedlock lock
+    client_sessions: int  # every client session of the server, schedlock's and the apps'
+    max_connections: int | None
+
+
+@dataclass(frozen=True)
 class ServedNamespaces:
     """The connected role and the namespaces it may serve (migration 0008's mapping, which
     row-level security enforces): ``*`` every one, none at all when it was never granted."""

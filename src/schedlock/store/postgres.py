@@ -49,7 +49,13 @@ from schedlock.store.errors import (
     failure_words,
     is_exhausted,
 )
-from schedlock.store.keys import MIGRATIONS_OBJID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID, LockKey
+from schedlock.store.keys import (
+    MIGRATIONS_OBJID,
+    SCHEDLOCK_CLASS_ID,
+    STANDBY_CLASS_ID,
+    LockKey,
+    TargetLock,
+)
 from schedlock.store.models import (
     EVERY_NAMESPACE,
     ForeignHolder,
@@ -511,9 +517,104 @@ async def _install_schema(conn: Conn) -> None:
         ) from exc
 
 
+@dataclasses.dataclass(eq=False)
+class _Wire:
+    """The one connection of a lock session, shared by the sessions of its target's keys
+    (:meth:`PostgresLockSession.lock_key`): the backend that holds the locks, and the
+    notification pump that runs while no statement does and hands each notification to every
+    listener of its channel."""
+
+    name: str
+    conn: Conn | None = None
+    lock_pid: int | None = None  # the backend that saw its lock granted (affinity)
+    pump: asyncio.Task[None] | None = None
+    busy: int = 0  # statements in progress: the notification pump is paused meanwhile
+    listeners: list[tuple[str, Callable[[str], None]]] = dataclasses.field(default_factory=list)
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None and not self.conn.closed
+
+    async def close(self) -> None:
+        conn, self.conn = self.conn, None
+        self.lock_pid = None
+        self.listeners = []
+        pump, self.pump = self.pump, None
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)
+
+    @contextlib.asynccontextmanager
+    async def statement(self) -> AsyncIterator[None]:
+        """Pause the notification pump around a statement.
+
+        psycopg reads notifications only inside ``notifies()``, which holds the connection's
+        lock while it waits; statements would queue behind it.  So the pump runs only while
+        the session is otherwise idle: notifications that arrive during a statement are kept
+        in psycopg's backlog and handed out first when the pump restarts.
+        """
+        self.busy += 1
+        pump, self.pump = self.pump, None
+        if pump is not None:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            self._restart_pump()
+
+    def _restart_pump(self) -> None:
+        if self.busy or self.pump is not None or not self.listeners or not self.connected:
+            return
+        self.pump = asyncio.create_task(self._pump_notifies(), name=f"notifies:{self.name}")
+
+    async def _pump_notifies(self) -> None:
+        conn = self.conn
+        assert conn is not None
+        try:
+            while True:
+                try:
+                    async for note in conn.notifies():
+                        for channel, deliver in self.listeners:
+                            if channel == note.channel:
+                                deliver(note.payload)
+                    return
+                except UnicodeDecodeError:
+                    # psycopg decodes the batch again after its handler (which skipped it):
+                    # a payload no key's text can be, go on pumping.
+                    continue
+        except psycopg.Error as exc:
+            # The session died: the next statement on it says so to the caller.
+            log.debug(
+                "notification pump stopped",
+                extra={"event": Event.NOTIFICATIONS_STOPPED, "key": self.name, "error": str(exc)},
+            )
+
+    async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
+        async with self.statement():
+            conn = self.conn
+            if conn is None or conn.closed:
+                raise LeadershipLost(f"lock session for {self.name} is closed")
+            if not self.listeners:
+                _undecodable_notifications(conn, lambda _payload: None)  # no key's: ignored
+            if all(channel != listening for listening, _ in self.listeners):
+                listen = sql.SQL("LISTEN {}").format(sql.Identifier(channel))
+                await _guard(conn.execute(listen))
+            self.listeners.append((channel, on_payload))
+
+
 class PostgresLockSession(LockVerbs):
     """One dedicated connection: the advisory lock, its lease, heartbeat and row transitions
     (the row verbs are :class:`LockVerbs`', run on this connection).
+
+    A *target* session (``target``: the leadership lock of a target's keys) waits for that lock
+    and holds the target's standby places; once it leads, :meth:`lock_key` takes each key's own
+    lock on the same connection and gives a session of that key sharing it: one server session
+    for every key of a sidecar.  Without ``target``, the session waits for its key's own lock.
 
     The session can only lose the lock by ending, after which its statements fail; no clock
     is trusted.
@@ -528,23 +629,25 @@ class PostgresLockSession(LockVerbs):
         holder: str,
         lease_seconds: float,
         schema: str = DEFAULT_SCHEMA,
+        *,
+        target: TargetLock | None = None,
     ) -> None:
         self.url = url
         self.schema = schema
         self.key = key
         self.holder = holder
         self.lease_seconds = lease_seconds
-        self._conn: Conn | None = None
-        self._lock_pid: int | None = None
+        # What acquire() waits for, and whose standby places this session takes.
+        self.lock: LockKey | TargetLock = target or key
+        self.keys: tuple[LockKey, ...] = target.keys if target else (key,)
+        self._wire = _Wire(str(self.lock))
+        self._shared = False  # a key's session on its target session's connection
         self._place: int | None = None  # the standby place this session holds, if any
-        self._on_notify: Callable[[str, str], None] | None = None
-        self._pump: asyncio.Task[None] | None = None
-        self._busy = 0  # statements in progress: the notification pump is paused meanwhile
 
     # -- connection ---------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        """Open the session, set the lease and register the key's lock ids."""
+        """Open the session, set the lease and register the lock ids of its keys."""
         await self.close()
         try:
             conn = await connect(self.url, application_name=self.holder, schema=self.schema)
@@ -575,39 +678,34 @@ class PostgresLockSession(LockVerbs):
                     "(superuser_reserved_connections / reserved_connections) and this role may "
                     "use them: not taking a slot kept for operators"
                 )
-            await conn.execute(Q["register_key"], self.key.params())
-            if (await self._one_on(conn, "lock_ids_taken", self.key.params()))["taken"]:
-                raise LockKeyCollision(
-                    f"lock key {self.key} hashes to the same advisory lock ids as another key "
-                    f"({self.key.classid}, {self.key.objid}); rename the target"
-                )
+            for key in self.keys:
+                await conn.execute(Q["register_key"], key.params())
+                if (await self._one_on(conn, "lock_ids_taken", key.params()))["taken"]:
+                    raise LockKeyCollision(
+                        f"lock key {key} hashes to the same advisory lock ids as another key "
+                        f"({key.classid}, {key.objid}); rename the target"
+                    )
         except BaseException:
             await conn.close()
             raise
-        self._conn = conn
+        self._wire.conn = conn
 
     @property
     def connected(self) -> bool:
-        return self._conn is not None and not self._conn.closed
+        return self._wire.connected
 
     async def close(self) -> None:
-        """Drop the session; the server releases the lock with it."""
-        conn, self._conn = self._conn, None
-        self._lock_pid = None
+        """Drop the session; the server releases its locks with it.  A key's session on its
+        target's connection leaves that to the target session."""
         self._place = None
-        self._on_notify = None
-        pump, self._pump = self._pump, None
-        if pump is not None:
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
-        if conn is not None and not conn.closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 2)
+        if not self._shared:
+            await self._wire.close()
 
     def _require(self) -> Conn:
-        if self._conn is None or self._conn.closed:
+        conn = self._wire.conn
+        if conn is None or conn.closed:
             raise LeadershipLost(f"lock session for {self.key} is closed")
-        return self._conn
+        return conn
 
     async def _query(
         self, name: str, params: Params, conn: Conn | None = None
@@ -617,7 +715,7 @@ class PostgresLockSession(LockVerbs):
             found: list[Row] = [*await cur.fetchall()] if cur.description is not None else []
             return found, cur.rowcount
 
-        async with self._statement():
+        async with self._wire.statement():
             return await _guard(run())
 
     async def _fetch(self, name: str, params: Params) -> list[Row]:
@@ -632,78 +730,19 @@ class PostgresLockSession(LockVerbs):
             raise StoreError(f"query {name} returned no row")
         return found[0]
 
-    # -- LISTEN on the lock session ---------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def _statement(self) -> AsyncIterator[None]:
-        """Pause the notification pump around a statement.
-
-        psycopg reads notifications only inside ``notifies()``, which holds the connection's
-        lock while it waits; statements would queue behind it.  So the pump runs only while
-        the session is otherwise idle: notifications that arrive during a statement are kept
-        in psycopg's backlog and handed out first when the pump restarts.
-        """
-        self._busy += 1
-        pump, self._pump = self._pump, None
-        if pump is not None:
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
-        try:
-            yield
-        finally:
-            self._busy -= 1
-            self._restart_pump()
-
-    def _restart_pump(self) -> None:
-        if self._busy or self._pump is not None or self._on_notify is None or not self.connected:
-            return
-        self._pump = asyncio.create_task(self._pump_notifies(), name=f"notifies:{self.key}")
-
-    async def _pump_notifies(self) -> None:
-        conn, deliver = self._require(), self._on_notify
-        assert deliver is not None
-        try:
-            while True:
-                try:
-                    async for note in conn.notifies():
-                        deliver(note.channel, note.payload)
-                    return
-                except UnicodeDecodeError:
-                    # psycopg decodes the batch again after its handler (which skipped it):
-                    # a payload no key's text can be, go on pumping.
-                    continue
-        except psycopg.Error as exc:
-            # The session died: the next statement on it says so to the caller.
-            log.debug(
-                "notification pump stopped",
-                extra={
-                    "event": Event.NOTIFICATIONS_STOPPED,
-                    "key": str(self.key),
-                    "error": str(exc),
-                },
-            )
-
     async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
         """LISTEN on this lock session and call ``on_payload`` for each notification, until
-        the session closes.  No extra server session: the leader's wake-ups ride on its lock."""
-
-        def deliver(got: str, payload: str) -> None:
-            if got == channel:
-                on_payload(payload)
-
-        async with self._statement():
-            conn = self._require()
-            _undecodable_notifications(conn, lambda _payload: None)  # no key's: ignored
-            await _guard(conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel))))
-            self._on_notify = deliver
+        the session closes.  No extra server session: the leader's wake-ups ride on its lock
+        (the keys of a target share it: each hears every notification of its channel)."""
+        await self._wire.listen(channel, on_payload)
 
     # -- standby places and the reserve roster ----------------------------------------------------
 
     def _place_params(self, places: int) -> dict[str, object]:
-        return {"place_classid": STANDBY_CLASS_ID, "place_objids": self.key.standby_objids(places)}
+        return {"place_classid": STANDBY_CLASS_ID, "place_objids": self.lock.standby_objids(places)}
 
     async def take_standby_place(self, places: int) -> int | None:
-        """Take a free standby place of the key on this session (never waiting): its index,
+        """Take a free standby place of the lock on this session (never waiting): its index,
         or None when all ``places`` are taken.  Held until released or the session ends."""
         if places <= 0:
             return None
@@ -712,24 +751,24 @@ class PostgresLockSession(LockVerbs):
         return self._place
 
     async def leave_standby_place(self) -> None:
-        """Give the standby place back (checked): the leader holds the key's lock instead, so a
+        """Give the standby place back (checked): the leader holds the lock instead, so a
         reserve may become a standby in its stead."""
         place, self._place = self._place, None
         if place is None:
             return
-        objid = self.key.standby_objids(place + 1)[place]
+        objid = self.lock.standby_objids(place + 1)[place]
         row = await self._one(
             "leave_standby_place", {"place_classid": STANDBY_CLASS_ID, "place_objid": objid}
         )
         if not row["released"]:
             raise UnlockFailed(
                 f"pg_advisory_unlock({STANDBY_CLASS_ID}, {objid}) returned false for standby "
-                f"place {place} of {self.key}: this session did not hold it"
+                f"place {place} of {self.lock}: this session did not hold it"
             )
 
     async def _holds_place(self) -> bool:
         assert self._place is not None
-        objid = self.key.standby_objids(self._place + 1)[self._place]
+        objid = self.lock.standby_objids(self._place + 1)[self._place]
         params = {"place_classid": STANDBY_CLASS_ID, "place_objids": [objid]}
         return int((await self._one("standby_places_held", params))["held"]) == 1
 
@@ -748,14 +787,14 @@ class PostgresLockSession(LockVerbs):
     async def acquire(
         self, on_holder: Callable[[ForeignHolder | None], None] | None = None
     ) -> None:
-        """Block until this session holds the lock (a standby waits here, in one statement:
+        """Block until this session holds its lock (a standby waits here, in one statement:
         :func:`lock_statement`).  ``on_holder`` hears, while it waits, of each change of a
         session holding the lock whose role may not serve the key's namespace (None: gone)."""
-        async with self._statement():
+        async with self._wire.statement():
             conn = self._require()
             statement = lock_statement(
-                self.key.classid,
-                self.key.objid,
+                self.lock.classid,
+                self.lock.objid,
                 None if on_holder is None else self.key.namespace,
             )
             handler = None if on_holder is None else _foreign_holder_notices(conn, on_holder)
@@ -765,6 +804,34 @@ class PostgresLockSession(LockVerbs):
                 if handler is not None:
                     conn.remove_notice_handler(handler)
         await self._verify_session_affinity()
+
+    async def lock_key(
+        self, key: LockKey, on_holder: Callable[[ForeignHolder | None], None] | None = None
+    ) -> PostgresLockSession | None:
+        """Take ``key``'s own lock on this session without waiting, once it leads: a session of
+        that key on this connection (its row verbs, its LISTEN), or None while another session
+        holds the key's lock — a replica of a release that locks per key (a rolling update), or
+        a squatter, of which ``on_holder`` hears (None: the holder may serve the namespace)."""
+        if key not in self.keys:
+            raise ValueError(f"{key} is not a key of {self.lock}")
+        if key == self.lock:
+            return self  # a session of one key: its lock is the one acquire() took
+        row = await self._one("try_lock", {**key.params(), "namespace": key.namespace})
+        if not row["granted"]:
+            if on_holder is not None:
+                pid, role = row["foreign_pid"], row["foreign_role"]
+                on_holder(None if pid is None else ForeignHolder(pid=int(pid), role=str(role)))
+            return None
+        held = await self._one("lock_held", key.params())
+        if not held["held"] or int(held["pid"]) != self._wire.lock_pid:
+            # Granted to one server session, seen from another: statements do not stay on one.
+            raise UnsafeConnection(UNSAFE_POOLER)
+        if on_holder is not None:
+            on_holder(None)
+        session = copy.copy(self)
+        session.key, session.lock, session.keys = key, key, (key,)
+        session._shared, session._place = True, None
+        return session
 
     def _local_port(self) -> int | None:
         conn = self._require()
@@ -789,12 +856,12 @@ class PostgresLockSession(LockVerbs):
         re-checks the backend pid.  Failing means refusing to run, never running unguarded.
         """
         async with _affinity_lock():
-            row = await self._one("lock_held", self.key.params())
+            row = await self._one("lock_held", self.lock.params())
             if not row["held"]:
                 raise UnsafeConnection(UNSAFE_POOLER)
             # The backend that sees the lock granted to itself holds it: the one every later
             # statement (each heartbeat re-checks) must run on.
-            self._lock_pid = int(row["pid"])
+            self._wire.lock_pid = int(row["pid"])
             if self._place is not None and not await self._holds_place():
                 # The place was taken in an earlier transaction: another server session
                 # holds it, so statements do not stay on one session.
@@ -812,15 +879,15 @@ class PostgresLockSession(LockVerbs):
                             "could not open a probe connection to verify session affinity "
                             "(pool exhausted?)"
                         ) from exc
-                    if pinned is None or int(pinned["pid"]) == self._lock_pid:
+                    if pinned is None or int(pinned["pid"]) == self._wire.lock_pid:
                         raise UnsafeConnection(UNSAFE_POOLER)
                     try:
                         again = await asyncio.wait_for(
-                            self._one("lock_held", self.key.params()), timeout=5
+                            self._one("lock_held", self.lock.params()), timeout=5
                         )
                     except TimeoutError as exc:
                         raise UnsafeConnection(UNSAFE_POOLER) from exc
-                    if not again["held"] or int(again["pid"]) != self._lock_pid:
+                    if not again["held"] or int(again["pid"]) != self._wire.lock_pid:
                         raise UnsafeConnection(UNSAFE_POOLER)
 
     async def _pin_probe(
@@ -836,20 +903,23 @@ class PostgresLockSession(LockVerbs):
 
     async def _before_term(self) -> None:
         # Re-checked on the lock session itself: the server may have turned read-only while
-        # this session waited for the lock (a term must never begin there).
-        await require_writable(self._require(), self.schema)
+        # this session waited for the lock (a term must never begin there).  As a statement:
+        # another key's LISTEN on this connection may be pumping notifications.
+        async with self._wire.statement():
+            await require_writable(self._require(), self.schema)
 
     def _check_backend(self, heartbeat: Row) -> None:
-        if self._lock_pid is not None and int(heartbeat["pid"]) != self._lock_pid:
+        pid = self._wire.lock_pid
+        if pid is not None and int(heartbeat["pid"]) != pid:
             # Continuous affinity check at no cost: a pooler moved us to another server session.
             raise UnsafeConnection(UNSAFE_POOLER)
 
     async def _unlock(self) -> None:
-        row = await self._one("unlock", self.key.params())
+        row = await self._one("unlock", self.lock.params())
         if not row["released"]:
             raise UnlockFailed(
-                f"pg_advisory_unlock({self.key.classid}, {self.key.objid}) returned false "
-                f"for {self.key}: this session did not hold the lock"
+                f"pg_advisory_unlock({self.lock.classid}, {self.lock.objid}) returned false "
+                f"for {self.lock}: this session did not hold the lock"
             )
 
 
@@ -1164,8 +1234,14 @@ class PostgresConnector:
 
         return await _guard(self._direct(run))
 
-    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> PostgresLockSession:
-        return PostgresLockSession(self.url, key, holder, lease_seconds, self.schema)
+    def lock_session(
+        self,
+        key: LockKey,
+        holder: str,
+        lease_seconds: float,
+        target: TargetLock | None = None,
+    ) -> PostgresLockSession:
+        return PostgresLockSession(self.url, key, holder, lease_seconds, self.schema, target=target)
 
     async def listen(
         self,

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from schedlock.store import queries
 from schedlock.store.errors import StoreError, StoreUnavailable
-from schedlock.store.keys import LockKey
+from schedlock.store.keys import LockKey, TargetLock
 from schedlock.store.migrations import split_statements
 from schedlock.store.models import (
     EVERY_NAMESPACE,
@@ -168,9 +168,10 @@ class SqliteLockSession(LockVerbs):
 
     codec = CODEC
 
-    def __init__(self, db: _Database, key: LockKey) -> None:
+    def __init__(self, db: _Database, key: LockKey, keys: tuple[LockKey, ...] = ()) -> None:
         self.db = db
         self.key = key
+        self.keys = keys or (key,)
         self.holder = SQLITE_HOLDER
         self._connected = False
 
@@ -187,7 +188,8 @@ class SqliteLockSession(LockVerbs):
         return self._connected
 
     async def connect(self) -> None:
-        await self._execute("register_key", self._params())
+        for key in self.keys:
+            await self._execute("register_key", {**key.params(), "holder": self.holder})
         self._connected = True
 
     async def close(self) -> None:
@@ -201,6 +203,14 @@ class SqliteLockSession(LockVerbs):
 
     async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
         return None
+
+    async def lock_key(
+        self, key: LockKey, on_holder: Callable[[ForeignHolder | None], None] | None = None
+    ) -> SqliteLockSession:
+        # One process: every key's lock is its own.
+        session = SqliteLockSession(self.db, key)
+        session._connected = self._connected
+        return session
 
     async def take_standby_place(self, places: int) -> int | None:
         return 0
@@ -281,8 +291,14 @@ class SqliteConnector:
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         return "", []  # SQLite has no roles: the file's permissions are the only guard
 
-    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> SqliteLockSession:
-        return SqliteLockSession(self.db, key)
+    def lock_session(
+        self,
+        key: LockKey,
+        holder: str,
+        lease_seconds: float,
+        target: TargetLock | None = None,
+    ) -> SqliteLockSession:
+        return SqliteLockSession(self.db, key, target.keys if target else (key,))
 
     async def listen(
         self,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from schedlock.core.logs import Event
 from schedlock.core.payloads import MAX_PAYLOAD_BYTES
+from schedlock.core.timings import MAX_LEASE_SECONDS
 from schedlock.store import models
 from schedlock.store.contract import HeldLock, LockSession, Maintenance, Sessions
 from schedlock.store.errors import (
@@ -26,7 +27,13 @@ from schedlock.store.errors import (
     StoreError,
     schema_too_new,
 )
-from schedlock.store.keys import LockKey
+from schedlock.store.keys import (
+    LEADER_CLASS_ID,
+    SCHEDLOCK_CLASS_ID,
+    STANDBY_CLASS_ID,
+    LockKey,
+    TargetLock,
+)
 from schedlock.store.migrations import (
     Migration,
     blocking,
@@ -330,8 +337,14 @@ class SqlStore:
 
     # -- sessions -------------------------------------------------------------------------------
 
-    def lock_session(self, key: LockKey, holder: str, lease_seconds: float) -> LockSession:
-        return self.connector.lock_session(key, holder, lease_seconds)
+    def lock_session(
+        self,
+        key: LockKey,
+        holder: str,
+        lease_seconds: float,
+        target: TargetLock | None = None,
+    ) -> LockSession:
+        return self.connector.lock_session(key, holder, lease_seconds, target)
 
     async def listen(
         self,
@@ -371,12 +384,23 @@ class SqlStore:
         """Every key's term and rows, joined by who holds and waits for its lock."""
         async with self.connector.session() as session:
             keys = await session.fetch("key_status", {})
-            held = await session.fetch("key_sessions", {})
+            held = await session.fetch("key_sessions", {"leader_classid": LEADER_CLASS_ID})
         sessions = {_key_of(r): r for r in held}
         return [
             from_row(models.KeyStatus, {**r, **sessions.get(_key_of(r), {})}, self.codec)
             for r in keys
         ]
+
+    async def session_budget(self) -> models.SessionBudget:
+        """Sessions held by schedlock's replicas (leaders, standbys) and the server's limit."""
+        params = {
+            "leader_classid": LEADER_CLASS_ID,
+            "key_classid": SCHEDLOCK_CLASS_ID,
+            "standby_classid": STANDBY_CLASS_ID,
+        }
+        async with self.connector.session() as session:
+            row = (await session.fetch("session_budget", params))[0]
+        return from_row(models.SessionBudget, row, self.codec)
 
     async def get_publish(self, uid: str) -> models.PublishRecord | None:
         return await self._record(models.PublishRecord, "get_publish", uid)
@@ -493,7 +517,11 @@ class SqlMaintenance:
         return await self._execute("prune_schedules", {"cutoff": cutoff, "limit": limit})
 
     async def prune_terms(self, cutoff: datetime, limit: int) -> int:
-        return await self._execute("prune_terms", {"cutoff": cutoff, "limit": limit})
+        # SQLite has no lock to ask: a term not released is a live leader's unless its
+        # heartbeat is older than any lease allows (PostgreSQL asks pg_locks instead).
+        unreleased = cutoff - timedelta(seconds=MAX_LEASE_SECONDS)
+        params = {"cutoff": cutoff, "unreleased_cutoff": unreleased, "limit": limit}
+        return await self._execute("prune_terms", params)
 
     async def prune_reserves(self, cutoff: datetime) -> int:
         return await self._execute("prune_reserves", {"cutoff": cutoff})

@@ -274,30 +274,64 @@ FROM s WHERE p.schedule_id = s.id AND p.state IN ('scheduled', 'suspended')
 RETURNING p.id;
 
 -- name: key_sessions
--- Who holds each key's lock and who waits for it (pg_locks), its live reserves, and a holder of
--- its lock whose role may not serve its namespace (migration 0009; as a definer function, so
--- that a role under row-level security is told too).
+-- Who holds each key's lock, who waits to lead it, its live reserves, and a holder of its lock
+-- or of its target's leadership lock whose role may not serve its namespace (migration 0009;
+-- as a definer function, so that a role under row-level security is told too).  A replica
+-- waits for its target's leadership lock (class %(leader_classid)s, objid one of the target's
+-- keys': schedlock.store.keys.TargetLock), a replica of a release before it for the key's own
+-- lock: both are the key's standbys.  A target's reserves are on the roster of its first key.
+WITH locks AS MATERIALIZED (
+    SELECT l.classid::int AS classid, l.objid::int AS objid, l.granted, a.application_name
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.objsubid = 2
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
 SELECT t.scheduler, t.namespace, t.target,
-       (SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-        WHERE l.locktype = 'advisory' AND l.classid = t.lock_classid::oid
-          AND l.objid = t.lock_objid::oid AND l.objsubid = 2 AND l.granted
+       (SELECT l.application_name FROM locks l
+        WHERE l.classid = t.lock_classid AND l.objid = t.lock_objid AND l.granted
         LIMIT 1) AS lock_holder,
-       (SELECT count(*) FROM pg_locks l
-        WHERE l.locktype = 'advisory' AND l.classid = t.lock_classid::oid
-          AND l.objid = t.lock_objid::oid AND l.objsubid = 2 AND NOT l.granted) AS waiters,
-       ARRAY(SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-             WHERE l.locktype = 'advisory' AND l.classid = t.lock_classid::oid
-               AND l.objid = t.lock_objid::oid AND l.objsubid = 2 AND NOT l.granted
-             ORDER BY a.application_name) AS standbys,
-       ARRAY(SELECT r.holder FROM schedlock_reserves r
-             WHERE r.scheduler = t.scheduler AND r.namespace = t.namespace
-               AND r.target = t.target AND r.expires_at > now()
+       cardinality(w.standbys) AS waiters,
+       w.standbys,
+       ARRAY(SELECT DISTINCT r.holder FROM schedlock_reserves r
+             WHERE r.namespace = t.namespace AND r.target = t.target AND r.expires_at > now()
              ORDER BY r.holder) AS reserves,
        f.role AS foreign_holder_role, f.pid AS foreign_holder_pid
 FROM schedlock_terms t
+CROSS JOIN LATERAL (
+    SELECT ARRAY(SELECT DISTINCT l.application_name FROM locks l
+                 WHERE NOT l.granted
+                   AND ((l.classid = t.lock_classid AND l.objid = t.lock_objid)
+                        OR (l.classid = %(leader_classid)s AND l.objid IN (
+                                SELECT o.lock_objid FROM schedlock_terms o
+                                WHERE o.namespace = t.namespace AND o.target = t.target)))
+                 ORDER BY l.application_name) AS standbys
+) AS w
 LEFT JOIN LATERAL (SELECT h.role, h.pid
-                   FROM schedlock_foreign_lock_holder(t.lock_classid, t.lock_objid, t.namespace) h
+                   FROM (SELECT t.lock_classid AS classid, t.lock_objid AS objid
+                         UNION ALL
+                         SELECT %(leader_classid)s, o.lock_objid FROM schedlock_terms o
+                         WHERE o.namespace = t.namespace AND o.target = t.target) AS ids
+                   CROSS JOIN LATERAL schedlock_foreign_lock_holder(ids.classid, ids.objid,
+                                                                    t.namespace) AS h
                    LIMIT 1) AS f ON true;
+
+-- name: session_budget
+-- The database's sessions as schedlock's replicas use them (pg_locks: a leader holds its
+-- target's leadership lock or a key's lock, a standby a standby place), against the server's
+-- max_connections and every client session now: `schedlock status`'s budget line.
+SELECT count(DISTINCT l.pid) FILTER (
+           WHERE l.granted AND l.classid::int IN (%(leader_classid)s, %(key_classid)s)
+             AND l.objid::int <> 0) AS leaders,
+       count(DISTINCT l.pid) FILTER (
+           WHERE l.granted AND l.classid::int = %(standby_classid)s) AS standbys,
+       count(DISTINCT l.pid) AS sessions,
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')
+           AS client_sessions,
+       current_setting('max_connections')::int AS max_connections
+FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.objsubid = 2
+  AND l.classid::int IN (%(leader_classid)s, %(key_classid)s, %(standby_classid)s)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
 
 -- name: publishes_by_id
 SELECT id, scheduler, namespace, name, uid, generation, target, due_at, next_attempt_at, payload,
@@ -520,3 +554,17 @@ SELECT extract(epoch FROM now() - (SELECT min(updated_at) FROM schedlock_publish
        pg_total_relation_size('schedlock_schedules')::float8 AS schedules_bytes,
        pg_total_relation_size('schedlock_terms')::float8 AS terms_bytes,
        pg_total_relation_size('schedlock_reserves')::float8 AS reserves_bytes;
+
+-- name: try_lock
+-- A target's leader takes one of its keys' own locks without waiting; while another session
+-- holds it (a replica of a release that locks per key, during a rolling update, or a squatter)
+-- it tries again later, and hears whether that holder's role may not serve the key's namespace
+-- (migration 0009).  The CTE runs the try once, before the look at the holder.
+WITH t AS MATERIALIZED (SELECT pg_try_advisory_lock(%(classid)s::int, %(objid)s::int) AS granted)
+SELECT t.granted, f.pid AS foreign_pid, f.role AS foreign_role
+FROM t
+LEFT JOIN LATERAL (SELECT h.pid, h.role
+                   FROM schedlock_foreign_lock_holder(%(classid)s::int, %(objid)s::int,
+                                                      %(namespace)s) AS h
+                   WHERE NOT t.granted
+                   LIMIT 1) AS f ON true;

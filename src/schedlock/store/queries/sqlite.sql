@@ -155,6 +155,11 @@ SELECT scheduler, namespace, target,
        CASE WHEN released_at IS NULL AND term > 0 THEN holder END AS lock_holder, 0 AS waiters
 FROM schedlock_terms;
 
+-- name: session_budget
+-- One process owns the file: no server sessions to count.
+SELECT 0 AS leaders, 0 AS standbys, 0 AS sessions, 0 AS client_sessions,
+       NULL AS max_connections;
+
 
 -- ── retention (schedlock.store.retention) ────────────────────────────────────────────────────
 -- One process, one connection: each batch is its own short session, so the firing loops'
@@ -189,12 +194,16 @@ WHERE id IN (SELECT s.id FROM schedlock_schedules s
              LIMIT :limit);
 
 -- name: prune_terms
--- As on PostgreSQL, less the lock check: the one process that holds every lock is this one,
--- and a key it serves heartbeats.
+-- As on PostgreSQL, with the term's release instead of the lock check: the one process that
+-- holds every lock is this one, and a key it leads has a term not released whose heartbeat may
+-- be older than a short retention (heartbeats come every third of the lease).  So a term not
+-- released goes only once its heartbeat is older than the longest lease allows before the
+-- cutoff (:unreleased_cutoff): its process is gone.
 DELETE FROM schedlock_terms
 WHERE rowid IN (
     SELECT k.rowid FROM schedlock_terms k
     WHERE k.heartbeat_at < :cutoff
+      AND (k.released_at IS NOT NULL OR k.term = 0 OR k.heartbeat_at < :unreleased_cutoff)
       AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
                       WHERE p.scheduler = k.scheduler AND p.namespace = k.namespace
                         AND p.target = k.target
