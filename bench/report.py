@@ -164,6 +164,18 @@ def targets(doc: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     )
     rss = _get(doc, "footprint", "schedlock", "rss_mb", "max")
     out.append(("sidecar RSS < 80 MB", _num(rss, " MB"), None if rss is None else rss < 80))
+    # Issue 22's sidecar for every pod.
+    out.append(("sidecar idle RSS ≤ 35 MB", _num(rss, " MB"), None if rss is None else rss <= 35))
+    cpu = _get(doc, "footprint", "schedlock", "idle_cpu_percent", "p50")
+    out.append(("sidecar idle CPU ≤ 0.15 %", _num(cpu, " %"), None if cpu is None else cpu <= 0.15))
+    start = _get(doc, "footprint", "schedlock", "start_to_ready_s", "max")
+    out.append(
+        ("sidecar start to /readyz ≤ 1 s", _num(start, " s"), None if start is None else start <= 1)
+    )
+    image = _get(doc, "footprint", "schedlock", "image_mb", "schedlock-sidecar", "unpacked")
+    out.append(
+        ("sidecar image ≤ 120 MB", _num(image, " MB"), None if image is None else image <= 120)
+    )
     return out
 
 
@@ -224,6 +236,19 @@ def table(doc: dict[str, Any]) -> str:
     per_system("sessions held per replica", "footprint", "", "sessions")
     per_system("RSS per replica, MB", "footprint", "", "rss_mb")
     per_system("idle CPU, % of a core", "footprint", "", "idle_cpu_percent")
+    per_system("start to /readyz 200, s", "footprint", "", "start_to_ready_s")
+    images = _get(doc, "footprint", "schedlock", "image_mb") or {}
+    rows.append(
+        [
+            "image, MB unpacked (pulled)",
+            "; ".join(
+                f"{name} {_num(size.get('unpacked'))} ({_num(size.get('compressed'))})"
+                for name, size in images.items()
+            )
+            or "–",
+            *["n/a"] * (len(SYSTEMS) - 1),
+        ]
+    )
     sc = doc.get("scale")
     if sc:
         cell = (

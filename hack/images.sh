@@ -12,9 +12,13 @@
 #              in for python:3.11-slim-bookworm; KEY hashes its recipe (this file's build_base,
 #              packages, mirrors).
 #   schedlock  schedlock.local/schedlock:VERSION-KEY
-#              the repo's own Dockerfile, built with `buildah bud --isolation chroot` FROM base;
-#              KEY hashes what the build context lets through (.dockerignore: Dockerfile,
-#              pyproject.toml, README.md, src/), the recipe and base's KEY.
+#              the repo's own Dockerfile (its default, last stage: every command, the operator
+#              with kopf and the Kubernetes client), built with `buildah bud --isolation chroot`
+#              FROM base; KEY hashes what the build context lets through (.dockerignore:
+#              Dockerfile, pyproject.toml, README.md, src/), the recipe and base's KEY.
+#   schedlock-sidecar  schedlock.local/schedlock-sidecar:VERSION-KEY
+#              the same Dockerfile's target schedlock-sidecar (what `schedlock sidecar` imports
+#              only); keyed like schedlock.
 #   demo-app   schedlock.local/demo-app:KEY
 #              examples/demo-app/Containerfile FROM base; KEY hashes examples/demo-app/ and base's.
 # A Helm install names an image as image.repository=${ref%:*} image.tag=${ref##*:}.  The tag
@@ -32,7 +36,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${SCHEDLOCK_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/schedlock/images}"
 REGISTRY="schedlock.local"
-NAMES=(base schedlock demo-app)
+NAMES=(base schedlock schedlock-sidecar demo-app)
 
 SUITE="bookworm"
 MIRROR="http://deb.debian.org/debian"
@@ -90,7 +94,7 @@ text_hash() { printf '%s\n' "$@" | sha256sum | cut -c1-64; }
 inputs() {
   case "$1" in
     base) ;;
-    schedlock)
+    schedlock | schedlock-sidecar)
       echo Dockerfile
       echo .dockerignore
       sed -n 's|^!\(.*\)$|\1|p' "${2:-$REPO}/.dockerignore" | sed 's|/$||' ;;
@@ -107,9 +111,10 @@ key() {
     base)
       text_hash "$RECIPE" "$SUITE" "$MIRROR" "$SECURITY_MIRROR" "${BASE_PACKAGES[*]}" \
         "$MOUNT_POINTS" "$(declare -f build_base base_customize export_archive)" | cut -c1-12 ;;
-    schedlock | demo-app)
+    schedlock | schedlock-sidecar | demo-app)
       mapfile -t paths < <(inputs "$1" "$root")
       text_hash "$RECIPE" "$(key base)" "$(declare -f "build_${1//-/_}" build_mounts)" \
+        "$([[ "$1" == demo-app ]] || declare -f build_dockerfile_target)" \
         "$(tree_hash "$root" "${paths[@]}")" | cut -c1-12 ;;
     *) die "unknown image: $1 (one of: ${NAMES[*]})" ;;
   esac
@@ -121,7 +126,8 @@ version() { sed -n 's/^__version__ = "\(.*\)"$/\1/p' "${1:-$REPO}/src/schedlock/
 ref() {
   case "$1" in
     base) echo "$REGISTRY/python:3.11-slim-$SUITE-$(key base)" ;;
-    schedlock) echo "$REGISTRY/schedlock:$(version "${2:-}")-$(key schedlock "${2:-}")" ;;
+    schedlock | schedlock-sidecar)
+      echo "$REGISTRY/$1:$(version "${2:-}")-$(key "$1" "${2:-}")" ;;
     demo-app) echo "$REGISTRY/demo-app:$(key demo-app "${2:-}")" ;;
     *) die "unknown image: $1 (one of: ${NAMES[*]})" ;;
   esac
@@ -249,7 +255,8 @@ load_base() {
 # drop_stale NAME ARCHIVE REF: NAME's other archives and images, and what a build left behind.
 drop_stale() {
   local name="$1" keep="$2" current="$3" f img
-  for f in "$CACHE/$name"-*.oci.tar; do
+  # NAME-KEY only: schedlock-* would also match schedlock-sidecar's archives.
+  for f in "$CACHE/$name"-????????????.oci.tar; do
     if [[ -e "$f" && "$f" != "$keep" ]]; then rm -f "$f"; fi
   done
   while read -r img; do
@@ -387,8 +394,9 @@ build_base() {
   export_archive "$ref" "$out"
 }
 
-build_schedlock() {
-  local ref="$1" out="$2" root="$3" revision="unknown" paths head
+# build_dockerfile_target TARGET REF OUT ROOT: one target (stage) of the repo's Dockerfile.
+build_dockerfile_target() {
+  local target="$1" ref="$2" out="$3" root="$4" revision="unknown" paths head
   load_base
   # The revision label names a commit only when the context is exactly that commit's files.
   mapfile -t paths < <(inputs schedlock "$root")
@@ -398,8 +406,8 @@ build_schedlock() {
     revision="$(git -C "$REPO" rev-parse HEAD)"
   fi
   build_mounts
-  log "schedlock: buildah bud Dockerfile FROM $(ref base) (pip downloads the dependencies: about a minute)"
-  bah bud --quiet --isolation chroot --pull=never \
+  log "$target: buildah bud --target $target Dockerfile FROM $(ref base) (pip downloads the dependencies: about a minute)"
+  bah bud --quiet --isolation chroot --pull=never --target "$target" \
     --build-arg PYTHON_IMAGE="$(ref base)" \
     --build-arg VERSION="$(version "$root")" \
     --build-arg REVISION="$revision" \
@@ -408,6 +416,9 @@ build_schedlock() {
   export_archive "$ref" "$out" "$(base_diff_ids)"
   bah rmi "$ref" >/dev/null
 }
+
+build_schedlock() { build_dockerfile_target schedlock "$@"; }
+build_schedlock_sidecar() { build_dockerfile_target schedlock-sidecar "$@"; }
 
 build_demo_app() {
   local ref="$1" out="$2" root="$3"
@@ -441,6 +452,7 @@ ensure_one() {
     case "$name" in
       base) build_base "$ref" "$out" ;;
       schedlock) build_schedlock "$ref" "$out" "$root" ;;
+      schedlock-sidecar) build_schedlock_sidecar "$ref" "$out" "$root" ;;
       demo-app) build_demo_app "$ref" "$out" "$root" ;;
     esac
     drop_stale "$name" "$out" "$ref"

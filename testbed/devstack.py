@@ -560,7 +560,7 @@ class Schedlock(Component):
         assert self.product is not None
         return {
             "url": f"helm release {RELEASE} in {RELEASE_NAMESPACE}, "
-            f"image {self.product.images.schedlock.ref}",
+            f"images {self.product.images.schedlock.ref}, {self.product.images.sidecar.ref}",
             "target": "demo",
             "namespace": "default",
             "app": "deployment/demo (2 replicas, sidecar injected)",
@@ -852,10 +852,13 @@ def up(paths: Paths, timeout: float = UP_TIMEOUT) -> int:
 def _build_images() -> str | None:
     """Build (or find cached) the images, in the foreground so their progress shows."""
     _say(
-        "==> images: schedlock (from the Dockerfile) and the demo app (cached; first time minutes)"
+        "==> images: schedlock and schedlock-sidecar (from the Dockerfile) and the demo app "
+        "(cached; first time minutes)"
     )
     result = subprocess.run(
-        ["bash", str(IMAGES_SH), "ensure", "schedlock", "demo-app"], cwd=REPO, check=False
+        ["bash", str(IMAGES_SH), "ensure", "schedlock", "schedlock-sidecar", "demo-app"],
+        cwd=REPO,
+        check=False,
     )
     return None if result.returncode == 0 else f"building the images failed ({result.returncode})"
 

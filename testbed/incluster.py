@@ -3,12 +3,13 @@
 Used by the cluster tests (``tests/cluster``), ``make dev-up`` and the bench's ``cluster``
 scenario, so all three run exactly the same product:
 
-- **images** — ``hack/images.sh`` builds the project's image from its own Dockerfile and the
-  demo app's image; both are imported into the node's containerd (never pulled).
+- **images** — ``hack/images.sh`` builds the project's two images from its own Dockerfile (the
+  operator's, the default target, and the sidecar's, target ``schedlock-sidecar``) and the
+  demo app's image; all are imported into the node's containerd (never pulled).
 - **database** — a PostgreSQL on the host that listens on loopback *and* on the node bridge's
   gateway address.  Pods reach it as any app reaches a managed database: by a Service name
   (a selector-less Service whose endpoint is the host), with a password.
-- **chart** — ``helm install schedlock charts/schedlock`` with the local image.
+- **chart** — ``helm install schedlock charts/schedlock`` with the local images.
 - **apps** — demo app Deployments that opt in to injection.  Every delivery the app receives
   is forwarded to a :class:`Recorder` on the host before the app answers 200, so what reached
   an app survives the deletion of its pod (and with it, its logs).
@@ -20,6 +21,7 @@ for the tests and the bench.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import itertools
 import json
 import secrets
@@ -75,6 +77,29 @@ class Image:
         repository, _, tag = self.ref.rpartition(":")
         return {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"}
 
+    def sizes(self) -> tuple[int, int]:
+        """(compressed, unpacked) bytes: what a node pulls (the manifest's config and layers)
+        and what the layers hold unpacked (what ``docker images`` shows as the size)."""
+        with tarfile.open(self.archive) as tar:
+            name_of = {m.name.removeprefix("./"): m for m in tar.getmembers()}
+
+            def blob(digest: str) -> Any:
+                member = tar.extractfile(name_of["blobs/" + digest.replace(":", "/")])
+                assert member is not None, f"{self.archive} lacks {digest}"
+                return member
+
+            member = tar.extractfile(name_of["index.json"])
+            assert member is not None, f"{self.archive} has no index.json"
+            manifest = json.load(blob(json.load(member)["manifests"][0]["digest"]))
+            layers = manifest["layers"]
+            compressed = int(manifest["config"]["size"]) + sum(int(x["size"]) for x in layers)
+            unpacked = 0
+            for layer in layers:
+                with gzip.open(blob(layer["digest"])) as stream:
+                    while chunk := stream.read(1 << 20):
+                        unpacked += len(chunk)
+        return compressed, unpacked
+
 
 def _images_sh(*args: str) -> str:
     return output(
@@ -83,7 +108,8 @@ def _images_sh(*args: str) -> str:
 
 
 def project_image(name: str) -> Image:
-    """Build (or reuse from the cache) image NAME (``schedlock``, ``demo-app``).
+    """Build (or reuse from the cache) image NAME (``schedlock``, ``schedlock-sidecar``,
+    ``demo-app``).
 
     The reference is read from the archive itself: asking ``hack/images.sh ref`` afterwards
     could name a newer tree's image if a file changed in between.
@@ -99,15 +125,20 @@ def project_image(name: str) -> Image:
 
 @dataclass(frozen=True)
 class ProjectImages:
-    schedlock: Image
+    schedlock: Image  # the operator's (the Dockerfile's default target)
+    sidecar: Image  # the injected sidecars' (target schedlock-sidecar)
     demo_app: Image
 
     @classmethod
     def build(cls) -> ProjectImages:
-        return cls(project_image("schedlock"), project_image("demo-app"))
+        return cls(
+            project_image("schedlock"),
+            project_image("schedlock-sidecar"),
+            project_image("demo-app"),
+        )
 
     def import_into(self, cluster: Cluster) -> None:
-        for image in (self.schedlock, self.demo_app):
+        for image in (self.schedlock, self.sidecar, self.demo_app):
             cluster.import_image(image.archive)
 
 
@@ -343,7 +374,11 @@ def chart_values(
 ) -> dict[str, Any]:
     """The values a user sets to install from a local image, plus OVERRIDES by dotted path
     (``{"networkPolicy.enabled": True}``); everything else keeps the chart's defaults."""
-    values: dict[str, Any] = {"image": images.schedlock.chart_values()}
+    sidecar = images.sidecar.chart_values()
+    values: dict[str, Any] = {
+        "image": images.schedlock.chart_values(),
+        "injection": {"sidecar": {"image": {k: sidecar[k] for k in ("repository", "tag")}}},
+    }
     for dotted, value in (overrides or {}).items():
         node = values
         *parents, leaf = dotted.split(".")

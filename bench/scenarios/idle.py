@@ -6,7 +6,9 @@ snapshots (a standby blocked in ``pg_advisory_lock`` completes nothing; schedloc
 holding no session, are counted apart: their checks in turns).  The k8s_lease
 replicas also count their API requests to the kube-apiserver.  RSS and CPU come from /proc for
 the same processes over the same window, and the sessions each replica holds from
-``pg_stat_activity`` (by ``application_name``).  All five systems idle side by side.
+``pg_stat_activity`` (by ``application_name``).  All five systems idle side by side.  Then, for
+the footprint, schedlock sidecars start one at a time (start to ``/readyz`` 200), and the sizes
+of both images built from the Dockerfile are read from their archives.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from bench.systems import INSTANCES, Instance, K8sLeaseInstance, cpu_seconds, rs
 
 KEYS_PER_REPLICA = 2  # a schedlock replica runs the publish and recurring keys of its target
 LEADERLESS = ("seed_tick", "procrastinate")  # every replica polls; none leads
+START_TRIALS = 5  # schedlock sidecars started one at a time for start_to_ready_s
 
 
 def _calls(ctx: Context) -> dict[tuple[str, int], int]:
@@ -108,9 +111,48 @@ async def run(ctx: Context, scenarios: list[str]) -> None:
                 ctx.results.setdefault("footprint", {})[system] = _footprint_entry(
                     ctx, system, replicas
                 )
+        if "footprint" in scenarios:
+            entry = ctx.results["footprint"]["schedlock"]
+            entry["start_to_ready_s"] = await _start_to_ready(ctx, insts["schedlock"])
+            entry["image_mb"] = _image_sizes(ctx)
     finally:
         for inst in insts.values():
             inst.stop()
+
+
+async def _start_to_ready(ctx: Context, inst: Instance) -> dict[str, Any]:
+    """From the start of a sidecar process to its first ``/readyz`` 200, one at a time next to
+    the idle replicas (its app there, the database migrated): ``START_TRIALS`` fresh replicas,
+    polled every 10 ms.  They stay until the instance stops."""
+    seconds: list[float] = []
+    for _ in range(START_TRIALS):
+        started = time.monotonic()
+        replica = inst.spawn()
+        inst.replicas.append(replica)
+        await until(replica.ready, 60, 0.01, f"{replica.name} to be ready")
+        seconds.append(time.monotonic() - started)
+    ctx.say(f"footprint: start to /readyz 200 {', '.join(f'{s:.2f}' for s in seconds)} s")
+    return summarize([round(s, 3) for s in seconds], digits=3)
+
+
+def _image_sizes(ctx: Context) -> dict[str, Any]:
+    """Both images built from the Dockerfile (``hack/images.sh``, cached): MB a node pulls
+    (compressed layers and config) and MB unpacked (what ``docker images`` shows)."""
+    from testbed.incluster import project_image
+
+    sizes: dict[str, Any] = {}
+    for name in ("schedlock", "schedlock-sidecar"):
+        try:
+            compressed, unpacked = project_image(name).sizes()
+        except Exception as exc:  # no root or no buildah here: say so, keep the other figures
+            sizes[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            continue
+        sizes[name] = {
+            "compressed": round(compressed / 1e6, 1),
+            "unpacked": round(unpacked / 1e6, 1),
+        }
+    ctx.say(f"footprint: images {sizes}")
+    return sizes
 
 
 def _sessions(ctx: Context, dbname: str) -> dict[str, int]:

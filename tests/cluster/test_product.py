@@ -133,6 +133,8 @@ def test_injected_app_fires_a_scheduledpublish(product: Product) -> None:
             sidecar = _sidecar(pod)
             assert sidecar is not None, f"{pod['metadata']['name']} has no sidecar"
             assert sidecar["restartPolicy"] == "Always"  # a native sidecar
+            # The Dockerfile's schedlock-sidecar image, not the operator's.
+            assert sidecar["image"] == product.images.sidecar.ref
             assert pod["metadata"]["labels"].get(INJECTED_LABEL) == "true"
             assert _ready_counts(pod) == (2, 2), pod["status"]
         at = (datetime.now(UTC) + timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -69,6 +69,11 @@ def test_bench_smoke_writes_every_key(tmp_path: Path, cluster_free_host: None) -
         assert_distribution(
             document["footprint"][system]["idle_cpu_percent"], f"footprint.{system}"
         )
+    footprint = document["footprint"]["schedlock"]
+    assert_distribution(footprint["start_to_ready_s"], "footprint.schedlock.start_to_ready_s")
+    for image in ("schedlock", "schedlock-sidecar"):
+        sizes = footprint["image_mb"][image]
+        assert 0 < sizes["compressed"] < sizes["unpacked"], (image, sizes)
     scale = document["scale"]
     assert isinstance(scale["one_leader_per_key"], bool)
     assert isinstance(scale["connections"], int)

@@ -306,11 +306,33 @@ def test_image_is_pinned_to_the_app_version() -> None:
     assert chart["appVersion"] == __version__
     container = operator_container(render())
     assert container["image"] == f"ghcr.io/schedlock/schedlock:{__version__}"
-    assert env_of(container)["SCHEDLOCK_SIDECAR_IMAGE"]["value"] == container["image"]
     digest = "sha256:" + "ab" * 32
     pinned = operator_container(render("--set", f"image.digest={digest}"))
     assert pinned["image"] == f"ghcr.io/schedlock/schedlock@{digest}"
-    assert env_of(pinned)["SCHEDLOCK_SIDECAR_IMAGE"]["value"] == pinned["image"]
+
+
+def sidecar_image(*args: str) -> str:
+    return str(env_of(operator_container(render(*args)))["SCHEDLOCK_SIDECAR_IMAGE"]["value"])
+
+
+def test_sidecar_image_is_its_own_derived_from_the_operators() -> None:
+    """The injector adds the Dockerfile's schedlock-sidecar image, named after the operator's."""
+    assert sidecar_image() == f"ghcr.io/schedlock/schedlock-sidecar:{__version__}"
+    # The operator's digest is of the other image: the sidecar's keeps its tag.
+    digest = "sha256:" + "ab" * 32
+    assert sidecar_image("--set", f"image.digest={digest}") == sidecar_image()
+    assert sidecar_image("--set", "image.repository=r.example/s", "--set", "image.tag=t") == (
+        "r.example/s-sidecar:t"
+    )
+    assert sidecar_image(
+        "--set", "injection.sidecar.image.repository=mine/car", "--set", "image.tag=t"
+    ) == ("mine/car:t")
+    assert sidecar_image("--set", "injection.sidecar.image.tag=u", "--set", "image.tag=t") == (
+        "ghcr.io/schedlock/schedlock-sidecar:u"
+    )
+    assert sidecar_image("--set", f"injection.sidecar.image.digest={digest}") == (
+        f"ghcr.io/schedlock/schedlock-sidecar@{digest}"
+    )
 
 
 def test_operator_deployment_shape() -> None:
@@ -518,7 +540,7 @@ def test_operator_env_maps_one_to_one_onto_its_settings() -> None:
         "SCHEDLOCK_FAILED_RETENTION_SECONDS": "604800",
         "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": "60",
         "SCHEDLOCK_PRUNE_BATCH_SIZE": "1000",
-        "SCHEDLOCK_SIDECAR_IMAGE": f"ghcr.io/schedlock/schedlock:{__version__}",
+        "SCHEDLOCK_SIDECAR_IMAGE": f"ghcr.io/schedlock/schedlock-sidecar:{__version__}",
         "SCHEDLOCK_SIDECAR_DATABASE_SECRET": "schedlock-database",
         "SCHEDLOCK_SIDECAR_DATABASE_SECRET_KEY": "url",
         "SCHEDLOCK_SIDECAR_LEASE_SECONDS": "10",
@@ -951,6 +973,11 @@ def _stages() -> list[list[tuple[str, str]]]:
     return stages
 
 
+def _stage(name: str) -> list[tuple[str, str]]:
+    (stage,) = [s for s in _stages() if s[0][1].endswith(f" AS {name}")]
+    return stage
+
+
 def test_hadolint_passes() -> None:
     hadolint = Path(sys.executable).parent / "hadolint"
     result = subprocess.run(
@@ -959,20 +986,40 @@ def test_hadolint_passes() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_dockerfile_final_stage() -> None:
-    build, final = _stages()
-    assert build[0][1].endswith(" AS build")
-    final_text = "\n".join(f"{i} {a}" for i, a in final)
-    assert ("USER", "65532:65532") in final
-    assert ("ENTRYPOINT", '["schedlock"]') in final
-    assert "COPY --from=build /opt/schedlock /opt/schedlock" in final_text
-    for forbidden in ("apt-get", "gcc", "build-essential", "pip install", "COPY . "):
-        assert forbidden not in final_text
+def test_dockerfile_final_stages() -> None:
+    """Two images: the ``schedlock-sidecar`` target (the slim Python with the sidecar's venv,
+    pruned in ``sidecar-root`` and flattened into one layer) and, as the default last stage,
+    ``schedlock``: that image plus the operator's venv (the sidecar's plus the extra)."""
+    stages = _stages()
+    assert stages[0][0][1].endswith(" AS build")
+    assert stages[-1][0] == ("FROM", "schedlock-sidecar AS schedlock")
+    assert _stage("schedlock-sidecar")[0] == ("FROM", "scratch AS schedlock-sidecar")
+    assert _stage("venv-operator")[0] == ("FROM", "venv-sidecar AS venv-operator")
+    sidecar = _stage("schedlock-sidecar")
+    text = "\n".join(f"{i} {a}" for i, a in sidecar)
+    assert ("USER", "65532:65532") in sidecar
+    assert ("ENTRYPOINT", '["schedlock"]') in sidecar
     for label in ("title", "description", "version", "revision", "licenses", "source"):
-        assert f"org.opencontainers.image.{label}=" in final_text
-    (version,) = [a for i, a in final if i == "ARG" and a.startswith("VERSION=")]
+        assert f"org.opencontainers.image.{label}=" in text, label
+    (version,) = [a for i, a in sidecar if i == "ARG" and a.startswith("VERSION=")]
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert version == f"VERSION={__version__}" == f"VERSION={chart['appVersion']}"
+    copies = {
+        name: [a for i, a in _stage(name) if i == "COPY"]
+        for name in ("schedlock", "sidecar-root", "schedlock-sidecar")
+    }
+    assert copies == {
+        "schedlock": ["--from=venv-operator /opt/schedlock /opt/schedlock"],
+        "sidecar-root": ["--from=venv-sidecar /opt/schedlock /opt/schedlock"],
+        "schedlock-sidecar": ["--from=sidecar-root / /"],
+    }
+    for name in ("schedlock", "sidecar-root", "schedlock-sidecar"):
+        text = "\n".join(f"{i} {a}" for i, a in _stage(name))
+        for forbidden in ("apt-get", "gcc", "build-essential", "pip install", "COPY . "):
+            assert forbidden not in text, f"{name}: {forbidden}"
+    # Only the operator's venv asks for the operator extra (kopf, the Kubernetes client).
+    assert "[operator]" in " ".join(a for i, a in _stage("venv-operator") if i == "RUN")
+    assert "[operator]" not in " ".join(a for i, a in _stage("venv-sidecar") if i == "RUN")
 
 
 def test_dockerignore_lets_exactly_the_copied_sources_through() -> None:
@@ -992,17 +1039,41 @@ def test_dockerignore_lets_exactly_the_copied_sources_through() -> None:
     assert all((REPO / source).exists() for source in copied)
 
 
-@pytest.mark.timeout(900)
-def test_dockerfile_build_commands_work_outside_a_container(tmp_path: Path) -> None:
-    """The build stage's COPY and RUN, replayed in a scratch tree with this Python.
+def _replay(
+    stage: list[tuple[str, str]], workdir: Path, root: Path, wheels: Path, env: dict[str, str]
+) -> None:
+    """Run a stage's RUN commands with its absolute image paths moved under ``root``."""
+    for instruction, args in stage:
+        if instruction != "RUN":
+            continue
+        local = args.replace("/opt/schedlock", f"{root}/opt/schedlock").replace(
+            "/wheels", str(wheels)
+        )
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", local],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=840,
+        )
+        assert result.returncode == 0, f"{local}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
-    Slow-ish (a fresh venv with every dependency, about a minute with a warm pip cache).
+
+@pytest.mark.timeout(1200)
+def test_dockerfile_build_commands_work_outside_a_container(tmp_path: Path) -> None:
+    """The build stage's COPY and RUN, then the venv stages' RUN (the sidecar's, then the
+    operator's on top of it), replayed in a scratch tree with this Python: the sidecar's venv
+    has no kopf and no Kubernetes client and says so when asked to run the operator; the
+    operator's runs every command.
+
+    Slow-ish (two fresh venvs with their dependencies, about two minutes with a warm pip cache).
     """
-    build, _ = _stages()
-    src, root = tmp_path / "src", tmp_path / "root"
+    build = _stage("build")
+    src, root = tmp_path / "src", tmp_path / "build"
     src.mkdir()
     workdir = src
-    commands = []
     for instruction, args in build:
         if instruction == "WORKDIR":
             assert args == "/src"
@@ -1019,45 +1090,43 @@ def test_dockerfile_build_commands_work_outside_a_container(tmp_path: Path) -> N
                     )
                 else:
                     shutil.copy2(REPO / source, target)
-        elif instruction == "RUN":
-            commands.append(args)
-    assert commands
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("SCHEDLOCK_", "PIP_"))},
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
-    for command in commands:
-        # Absolute image paths move under the scratch root.
-        local = command.replace("/opt/schedlock", f"{root}/opt/schedlock").replace(
-            "/wheels", f"{root}/wheels"
-        )
-        result = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", local],
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=840,
-        )
-        assert result.returncode == 0, f"{local}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    venv = root / "opt" / "schedlock"
-    assert not (venv / "bin" / "pip").exists(), "the runtime venv must not carry pip"
-    assert len(list((root / "wheels").glob("schedlock-*.whl"))) == 1
-    runtime_env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    wheels = root / "wheels"
+    _replay(build, workdir, root, wheels, env)
+    assert len(list(wheels.glob("schedlock-*.whl"))) == 1
 
-    def schedlock(*args: str) -> str:
-        done = subprocess.run(
+    def schedlock(venv: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [str(venv / "bin" / "schedlock"), *args],
-            env=runtime_env,
+            env={"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            check=True,
+            check=check,
         )
-        return done.stdout
 
-    assert schedlock("--version").strip() == f"schedlock {__version__}"
-    assert "SCHEDLOCK_DATABASE_URL" in schedlock("sidecar", "--help")
-    assert "SCHEDLOCK_WEBHOOK_CERT_FILE" in schedlock("operator", "--help")
+    # The sidecar's venv first; the operator's stage adds the extra to the same venv.
+    venv = tmp_path / "image" / "opt" / "schedlock"
+    _replay(_stage("venv-sidecar"), workdir, tmp_path / "image", wheels, env)
+    assert not (venv / "bin" / "pip").exists(), "the runtime venv must not carry pip"
+    assert schedlock(venv, "--version").stdout.strip() == f"schedlock {__version__}"
+    assert "SCHEDLOCK_DATABASE_URL" in schedlock(venv, "sidecar", "--help").stdout
+    site = next((venv / "lib").glob("python3*/site-packages"))
+
+    def installed() -> set[str]:
+        return {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
+
+    assert "schedlock" in installed() and "psycopg" in installed()
+    assert not installed() & {"kopf", "kubernetes"}, installed()
+    refused = schedlock(venv, "operator", check=False)
+    assert refused.returncode == 2, refused
+    assert "schedlock[operator]" in refused.stderr and "Traceback" not in refused.stderr
+
+    _replay(_stage("venv-operator"), workdir, tmp_path / "image", wheels, env)
+    assert {"kopf", "kubernetes"} <= installed()
+    assert not (venv / "bin" / "pip").exists(), "the runtime venv must not carry pip"
+    assert "SCHEDLOCK_WEBHOOK_CERT_FILE" in schedlock(venv, "operator", "--help").stdout

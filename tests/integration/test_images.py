@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -64,9 +64,10 @@ def built(pytestconfig: pytest.Config) -> dict[str, Built]:
     images = {}
     with capture.global_and_fixture_disabled():
         sys.stderr.write(
-            "\n==> hack/images.sh path schedlock demo-app (builds only what changed)\n"
+            "\n==> hack/images.sh path schedlock schedlock-sidecar demo-app "
+            "(builds only what changed)\n"
         )
-        for name in ("schedlock", "demo-app"):
+        for name in ("schedlock", "schedlock-sidecar", "demo-app"):
             before = _images("ref", name)
             archive = Path(_images("path", name))
             stable = _images("ref", name) == before
@@ -241,30 +242,84 @@ def test_schedlock_layers_hold_the_command_and_no_pip(schedlock_image: Image) ->
     assert not [n for n in files if n.startswith(("/src/", "/wheels/"))]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="unpacking an image with its owners needs root")
-def test_schedlock_runs_from_the_layers_as_uid_65532(
-    schedlock_image: Image, tmp_path: Path
-) -> None:
-    root = tmp_path / "rootfs"
-    unpack(schedlock_image, root)
-    env = _env(schedlock_image)
+def run_from_layers(image: Image, root: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Unpack ``image`` into ``root``; a runner of its ``schedlock`` there, as uid 65532."""
+    unpack(image, root)
 
-    def schedlock(*args: str) -> str:
-        done = subprocess.run(
+    def schedlock(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             ["chroot", "--userspec=65532:65532", str(root), "schedlock", *args],
-            env=env,
+            env=_env(image),
             cwd="/",
             capture_output=True,
             text=True,
             check=False,
             timeout=60,
         )
+
+    return schedlock
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unpacking an image with its owners needs root")
+def test_schedlock_runs_from_the_layers_as_uid_65532(
+    schedlock_image: Image, tmp_path: Path
+) -> None:
+    run = run_from_layers(schedlock_image, tmp_path / "rootfs")
+
+    def schedlock(*args: str) -> str:
+        done = run(*args)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
     assert schedlock("--version").strip() == f"schedlock {__version__}"
     assert "SCHEDLOCK_DATABASE_URL" in schedlock("sidecar", "--help")
     assert "SCHEDLOCK_WEBHOOK_CERT_FILE" in schedlock("operator", "--help")
+
+
+# --------------------------------------------------------------------------- schedlock-sidecar
+
+
+@pytest.fixture(scope="module")
+def sidecar_image(built: dict[str, Built], tmp_path_factory: pytest.TempPathFactory) -> Image:
+    return open_archive(
+        built["schedlock-sidecar"].archive, tmp_path_factory.mktemp("schedlock-sidecar-oci")
+    )
+
+
+def test_sidecar_image_is_the_dockerfiles_sidecar_target(
+    built: dict[str, Built], sidecar_image: Image
+) -> None:
+    image = built["schedlock-sidecar"]
+    ref = f"schedlock.local/schedlock-sidecar:{__version__}-{image.key}"
+    assert image.ref in (ref, None)
+    (entry,) = sidecar_image.index["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == ref
+    config = sidecar_image.config["config"]
+    assert config["User"].split(":") == ["65532", "65532"]
+    assert config["Entrypoint"] == ["schedlock"]
+    assert config["Labels"]["org.opencontainers.image.title"] == "schedlock-sidecar"
+
+
+def test_sidecar_image_holds_no_operator_dependencies(sidecar_image: Image) -> None:
+    """Only what `schedlock sidecar` imports: no kopf, no Kubernetes client, no pip."""
+    site = "/opt/schedlock/lib/python3.11/site-packages/"
+    packages = {
+        n.removeprefix(site).split("/")[0].split("-")[0].lower()
+        for n in merged_files(sidecar_image)
+        if n.startswith(site) and n.endswith(".dist-info")
+    }
+    assert {"schedlock", "psycopg", "aiohttp", "prometheus_client"} <= packages
+    assert not packages & {"kopf", "kubernetes", "pip", "setuptools", "wheel"}, packages
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unpacking an image with its owners needs root")
+def test_sidecar_image_runs_the_sidecar_and_refuses_the_operator(
+    sidecar_image: Image, tmp_path: Path
+) -> None:
+    schedlock = run_from_layers(sidecar_image, tmp_path / "rootfs")
+    assert "SCHEDLOCK_DATABASE_URL" in schedlock("sidecar", "--help").stdout
+    refused = schedlock("operator")
+    assert refused.returncode == 2 and "schedlock[operator]" in refused.stderr, refused
 
 
 # --------------------------------------------------------------------------- demo app

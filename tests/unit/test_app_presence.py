@@ -29,6 +29,7 @@ from schedlock.sidecar.target import (
     Thresholds,
     answer_is_ready,
     derive_check,
+    next_check_in,
     probe,
     worth_confirming,
 )
@@ -77,6 +78,51 @@ def test_a_lost_delivery_confirmed_by_a_failed_check_is_unreachable_at_once() ->
 
 
 # -- the check (pure parts) ------------------------------------------------------------------
+
+
+def test_at_start_a_passing_check_is_confirmed_at_once_then_the_interval_holds() -> None:
+    """Until the app was first reachable, the hysteresis' next check follows a passing one
+    at once; afterwards (and after any failed check) the interval."""
+    unreachable = Health()
+    assert next_check_in(unreachable, passed=True, interval=1.0, ever_reachable=False) == 0.05
+    assert next_check_in(unreachable, passed=False, interval=1.0, ever_reachable=False) == 1.0
+    assert next_check_in(Health(True), passed=True, interval=1.0, ever_reachable=True) == 1.0
+    # An app back after an outage: the hysteresis against flapping waits the interval.
+    assert next_check_in(unreachable, passed=True, interval=1.0, ever_reachable=True) == 1.0
+    assert next_check_in(unreachable, passed=True, interval=0.02, ever_reachable=False) == 0.02
+
+
+async def test_the_watch_confirms_at_start_without_waiting_an_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sidecar next to a listening app: checks at 0 and 0.05 s, reachable, then 1 s apart."""
+    import schedlock.sidecar.target as target
+
+    pauses: list[float] = []
+    stopping = asyncio.Event()
+
+    async def pause(seconds: float | None, *events: asyncio.Event) -> bool:
+        assert seconds is not None
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            stopping.set()
+        return stopping.is_set()
+
+    async def there(*_: object) -> None:
+        return None
+
+    monkeypatch.setattr(target, "sleep_unless", pause)
+    monkeypatch.setattr(target, "probe", there)
+    watch = TargetWatch(
+        Check("tcp", "tcp://127.0.0.1:1"),
+        interval=1.0,
+        timeout=1.0,
+        thresholds=TWO_TWO,
+        metrics=SidecarMetrics(),
+    )
+    await watch.run(stopping)
+    assert pauses == [0.05, 1.0, 1.0]
+    assert watch.up
 
 
 def test_the_default_check_connects_to_the_hook_host_and_port() -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import schedlock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,3 +58,63 @@ def test_version_and_help() -> None:
     helptext = subprocess.run([script, "--help"], check=True, capture_output=True, text=True).stdout
     assert "usage: schedlock" in helptext
     assert "advisory locks" in helptext
+
+
+def test_operator_dependencies_are_an_extra() -> None:
+    """kopf and the Kubernetes client come with `schedlock[operator]` only: the sidecar's
+    image installs the plain distribution, which every other command runs on."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = [dep.split("~")[0].split(">")[0].split("[")[0] for dep in project["dependencies"]]
+    assert not {"kopf", "kubernetes"} & set(names)
+    extra = project["optional-dependencies"]["operator"]
+    assert sorted(dep.split("~")[0].split(">")[0] for dep in extra) == ["kopf", "kubernetes"]
+    assert "schedlock[operator]" in project["optional-dependencies"]["dev"]
+
+
+def test_operator_without_its_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from schedlock.cli import main
+    from schedlock.operator import command
+
+    real = command.importlib.util.find_spec
+    monkeypatch.setattr(
+        command.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "kopf" else real(name, *a),
+    )
+    assert main(["operator"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "needs kopf" in err and "pip install 'schedlock[operator]'" in err
+
+
+# What running the sidecar must not import: the operator's dependencies and modules, the admin
+# commands, the manifests' YAML.
+NOT_IN_THE_SIDECAR = ("kopf", "kubernetes", "yaml", "schedlock.operator", "schedlock.cli.admin")
+
+
+def test_the_sidecar_command_imports_nothing_of_the_operator() -> None:
+    loaded = (
+        python_at_repo_root(
+            "import sys\n"
+            "from schedlock.cli import main\n"
+            "try:\n"
+            "    main(['sidecar', '--help'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "import schedlock.sidecar.app\n"
+            "print(' '.join(sorted(sys.modules)))"
+        )
+        .splitlines()[-1]
+        .split()
+    )
+    assert "schedlock.sidecar.app" in loaded
+    unwanted = [
+        m
+        for m in loaded
+        if m.split(".")[0] in NOT_IN_THE_SIDECAR or m.startswith(NOT_IN_THE_SIDECAR)
+    ]
+    assert unwanted == []

@@ -71,6 +71,18 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* The injected sidecars' image: injection.sidecar.image, each part defaulting to the
+operator's (the repository with "-sidecar" appended: the Dockerfile's schedlock-sidecar target). */}}
+{{- define "schedlock.sidecarImage" -}}
+{{- $image := .Values.injection.sidecar.image }}
+{{- $repository := default (printf "%s-sidecar" .Values.image.repository) $image.repository }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (default (default .Chart.AppVersion .Values.image.tag) $image.tag) }}
+{{- end }}
+{{- end }}
+
 {{/* The operator serves HTTPS admission (validation and/or injection): "true" or "". */}}
 {{- define "schedlock.webhooksOn" -}}
 {{- if or .Values.webhook.enabled .Values.injection.enabled }}true{{ end }}

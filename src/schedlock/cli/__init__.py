@@ -8,6 +8,7 @@ failure, 2 bad usage or configuration (one line on stderr, never a traceback).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -24,8 +25,22 @@ PROLOG = (
 )
 
 
-def _registrars() -> list[Registrar]:
-    """Subcommand registrars, in the order ``--help`` lists them."""
+# Commands whose module registers them alone, by the name a command line starts with.  Running
+# one of them imports that module only: the sidecar, in every pod, never loads the operator's
+# modules or the admin commands (tests/unit/test_packaging.py guards it).
+ALONE = {
+    "sidecar": "schedlock.sidecar.app",
+    "operator": "schedlock.operator.command",
+    "inject": "schedlock.operator.inject_command",
+}
+
+
+def _registrars(command: str | None = None) -> list[Registrar]:
+    """Subcommand registrars, in the order ``--help`` lists them; only ``command``'s when it is
+    one of ``ALONE`` (the others are then never imported)."""
+    if command in ALONE:
+        module = importlib.import_module(ALONE[command])
+        return [module.add_parser]
     from schedlock.cli import admin
     from schedlock.operator import command as operator_command
     from schedlock.operator import inject_command
@@ -39,7 +54,7 @@ def _registrars() -> list[Registrar]:
     ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="schedlock",
         description=PROLOG,
@@ -47,13 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"schedlock {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for register in _registrars():
+    for register in _registrars(command):
         register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(words[0] if words else None)
     args = parser.parse_args(argv)
     command: Command | None = getattr(args, "command", None)
     if command is None:

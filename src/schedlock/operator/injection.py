@@ -77,7 +77,8 @@ CONTAINER_NAME = "schedlock"
 METRICS_PORT = 9090
 METRICS_PORT_NAME = "schedlock-http"  # port names are at most 15 characters
 DEFAULT_TARGET_URL = "http://127.0.0.1:8080/schedlock"
-DEFAULT_IMAGE = f"ghcr.io/schedlock/schedlock:{__version__}"
+# The Dockerfile's schedlock-sidecar target (only what the sidecar imports).
+DEFAULT_IMAGE = f"ghcr.io/schedlock/schedlock-sidecar:{__version__}"
 DEFAULT_DATABASE_SECRET = "schedlock-database"
 DEFAULT_DATABASE_SECRET_KEY = "url"
 DEFAULT_RESOURCES: dict[str, Any] = {

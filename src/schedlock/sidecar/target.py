@@ -8,9 +8,17 @@ a sidecar competes for and holds leadership only while its own app can take fire
 
 The check (``SCHEDLOCK_TARGET_READY_URL``):
 
-* ``tcp://host:port`` — connect and close.  The default, derived from the hook URL's host and
-  port: it is exactly what fails when the app exits or closes its listener, it needs no
-  endpoint in the app, and it never sends the app a request (the hook takes POSTs only).
+* ``tcp://host:port`` — connect, then a graceful goodbye.  The default, derived from the hook
+  URL's host and port: it is exactly what fails when the app exits or closes its listener, it
+  needs no endpoint in the app, and it never sends the app a request (the hook takes POSTs
+  only).  Reachable means the connection was accepted; after that the check half-closes (FIN,
+  no request) and reads whatever the app says until the app closes too (at most
+  ``DRAIN_BYTES`` and ``DRAIN_SECONDS``) before closing its own end.  An app thus sees what a
+  browser's unused pre-connection looks like: a connection that ends before a request, which
+  HTTP servers drop silently.  A check that closed at once (the earlier default) made an app
+  that answers the empty request (a 400, say) write to a socket already gone: the kernel
+  answered with a reset, and the app logged a ``ConnectionResetError`` for about every third
+  check (``tests/integration/test_target_check_app_logs.py``).
 * ``http(s)://…`` — GET; 200-399 is reachable (the kubelet's rule), anything else, a timeout or
   a connection error is not.  For apps with a readiness endpoint that goes 503 while draining.
 
@@ -55,6 +63,12 @@ from schedlock.sidecar.metrics import SidecarMetrics
 log = logging.getLogger("schedlock.target")
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# After the connection was accepted, how much of the app's reply to the empty request the
+# check reads, and for how long, before it closes its end (see the module docstring).
+DRAIN_BYTES = 64 * 1024
+DRAIN_SECONDS = 1.0
+# Until the app was first reachable, how soon a passing check is followed by the next one.
+CONFIRM_AT_START_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -124,17 +138,31 @@ class Health:
         return Health(False, 0)
 
 
+def next_check_in(health: Health, *, passed: bool, interval: float, ever_reachable: bool) -> float:
+    """Seconds from a check to the next one: the interval, except at start.
+
+    Until the app was first reachable, a passing check that leaves it unreachable (the
+    hysteresis wants more in a row) is followed at once (``CONFIRM_AT_START_SECONDS``) instead of
+    an interval later: a sidecar that starts next to a listening app is ready in tens of
+    milliseconds, not ``success_threshold - 1`` intervals (1 s by default) later.  There is
+    no leadership to flap before then; afterwards every check waits the interval, so an idle
+    sidecar checks no more often than it did, and one whose app never answers neither.
+    """
+    if passed and not ever_reachable and not health.reachable:
+        return min(interval, CONFIRM_AT_START_SECONDS)
+    return interval
+
+
 async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | None) -> str | None:
     """Run the check once: None when the app is reachable, else why not (one short line)."""
     try:
+        if check.kind == "tcp":
+            host, port = check.address
+            async with asyncio.timeout(seconds):
+                reader, writer = await asyncio.open_connection(host, port)
+            await goodbye(reader, writer, min(seconds, DRAIN_SECONDS))
+            return None
         async with asyncio.timeout(seconds):
-            if check.kind == "tcp":
-                host, port = check.address
-                _, writer = await asyncio.open_connection(host, port)
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-                return None
             if session is None:
                 raise RuntimeError("an HTTP check needs a client session")
             async with session.get(check.url, allow_redirects=False) as response:
@@ -147,6 +175,26 @@ async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | N
         return f"{check.url}: {exc.strerror or exc}"
     except aiohttp.ClientError as exc:
         return f"{check.url}: {type(exc).__name__}: {exc}"[:300]
+
+
+async def goodbye(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seconds: float
+) -> None:
+    """End an accepted check connection so that the app never meets a reset: half-close (the
+    app reads end-of-stream where a request would be), read what it answers until it closes,
+    then close.  The app was there either way: nothing here fails the check."""
+    try:
+        async with asyncio.timeout(seconds):
+            writer.write_eof()
+            left = DRAIN_BYTES
+            while left > 0 and (chunk := await reader.read(min(left, 16 * 1024))):
+                left -= len(chunk)
+    except (TimeoutError, OSError):
+        pass  # an app that keeps the connection open, or resets it: it accepted, it is there
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 @dataclass(eq=False)
@@ -164,6 +212,7 @@ class TargetWatch:
     reachable: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     unreachable: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _announced: bool = field(default=False, init=False)  # the current outage was logged
+    _ever_reachable: bool = field(default=False, init=False)  # since the watch started
     _confirming: asyncio.Future[bool] | None = field(default=None, init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
 
@@ -189,11 +238,19 @@ class TargetWatch:
             self._session = None
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Check, update, sleep — until ``stopping``.  The first check runs at once."""
+        """Check, update, sleep — until ``stopping``.  The first check runs at once, and
+        until the app was first reachable a passing check is confirmed at once
+        (:func:`next_check_in`)."""
         while not stopping.is_set():
             error = await self._probe()
             self._apply(self.health.observe(error is None, self.thresholds), error)
-            await sleep_unless(self.interval, stopping)
+            pause = next_check_in(
+                self.health,
+                passed=error is None,
+                interval=self.interval,
+                ever_reachable=self._ever_reachable,
+            )
+            await sleep_unless(pause, stopping)
 
     def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool:
         return worth_confirming(self.check, connection_lost=connection_lost, status=status)
@@ -235,6 +292,7 @@ class TargetWatch:
         if error is not None:
             self.reason = error
         if health.reachable and not before:
+            self._ever_reachable = True
             self.unreachable.clear()
             self.reachable.set()
             self.metrics.target_up.set(1)
