@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.abc import Buffer
+from psycopg.abc import Buffer, PQGen
 from psycopg.adapt import AdaptersMap, Loader
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
@@ -70,7 +70,31 @@ from schedlock.store.verbs import LockVerbs
 log = logging.getLogger("schedlock.store")
 Q = queries.load("postgres")
 T = TypeVar("T")
-Conn = psycopg.AsyncConnection[DictRow]
+RV = TypeVar("RV")
+
+# How often psycopg wakes a connection that waits on its socket when nothing arrives: it checks
+# for a Ctrl-C every 0.1 s by default, a synchronous program's concern (an asyncio task is
+# cancelled through its future, at once, whatever this is).  Every idle leader (its LISTEN) and
+# every standby (its lock wait) waits so for as long as it leads or stands by: at psycopg's
+# default that was 10 wake-ups a second each, most of an idle sidecar's CPU.
+QUIET_WAIT_SECONDS = 10.0
+
+
+class QuietConnection(psycopg.AsyncConnection[DictRow]):
+    """Every session of both components: psycopg's connection, woken by its socket (data, a
+    closed or reset connection, the TCP keepalives' verdict) or its deadline, not by a timer
+    every 0.1 s (:data:`QUIET_WAIT_SECONDS`)."""
+
+    async def wait(
+        self,
+        gen: PQGen[RV],
+        interval: float = QUIET_WAIT_SECONDS,
+        timeout: float | None = None,  # noqa: ASYNC109 (psycopg's own signature)
+    ) -> RV:
+        return await super().wait(gen, interval=interval, timeout=timeout)
+
+
+Conn = QuietConnection
 
 
 def _dump_json(value: Any) -> Any:
@@ -303,7 +327,7 @@ async def connect(
     if problem is not None:
         raise BadDatabaseUrl(problem)
     try:
-        conn: Conn = await psycopg.AsyncConnection.connect(
+        conn: Conn = await QuietConnection.connect(
             url, **connect_kwargs(application_name, connect_timeout)
         )
     except psycopg.ProgrammingError:
@@ -1003,7 +1027,7 @@ class PostgresConnector:
             if self._pool is None:
                 pool = AsyncConnectionPool(
                     self.url,
-                    connection_class=psycopg.AsyncConnection[DictRow],
+                    connection_class=QuietConnection,
                     kwargs=connect_kwargs(self.application_name),
                     min_size=0,
                     max_size=self.pool_size,
