@@ -28,6 +28,7 @@ from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
+from schedlock.operator.toggles import install as install_toggles
 from schedlock.store import (
     EVERY_NAMESPACE,
     NamespaceNotServed,
@@ -166,6 +167,7 @@ async def run_kopf(
 ) -> int:
     kopf_settings = kopf.OperatorSettings()
     configure(kopf_settings)
+    install_toggles()  # a restart with n objects: n wake-ups, not n² (schedlock.operator.toggles)
     if settings.webhook_enabled:
         kopf_settings.admission.server = kopf.WebhookServer(
             addr=settings.webhook_host,
