@@ -198,8 +198,9 @@ def build_registry(
     if objects is not None:
         watched = objects
 
+        # async: kopf runs a plain function in its thread pool, a hop per watch event
         @kopf.index(*resource, registry=registry, id="scheduledpublishes")
-        def index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+        async def index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
             return {str(body.meta["uid"]): snapshot(body)}
 
         @kopf.on.startup(registry=registry, id="capture-index")
