@@ -71,7 +71,7 @@ class Profile:
     operator_10k_objects: int = 10_000  # objects present when the operator restarts
     operator_10k_namespaces: int = 100  # … spread over this many namespaces
     operator_10k_burst: int = 1000  # new objects created with them present
-    operator_10k_cap_s: float = 600.0  # longest wait for each step (ingest, resume, burst)
+    operator_10k_cap_s: float = 1200.0  # longest wait for each step (ingest, resume, burst)
     scale_replicas: tuple[int, ...] = (5, 20, 50)  # replicas of one target, per design
     scale_window_s: float = 30.0  # quiet window for new connections/s and statements/s
     scale_failover_trials: int = 5  # SIGKILLs of the leader per design and replica count

@@ -19,6 +19,9 @@ operator wrote stay what they are) against the test kube-apiserver and PostgreSQ
 4. the re-assertion (``schedlock.operator.reassert.Reasserter.once``, the operator's own code,
    in this process) over every object as listed from the API: ``steady_pass_ms``, one
    comparison with nothing to write (best of 3), then a pass with every row lost.
+
+The objects are left in the API server (they hold the operator's finalizer and no operator
+runs any more: deleting them would wait for ever); no later scenario watches them.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from bench.scenarios.operator import apiserver_requests, reassert_cost
 from bench.stats import summarize
 from bench.systems import cpu_seconds, rss_mb
 from schedlock.core.identities import rfc3339
-from testbed.kube import KubeAPIServer
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
 from testbed.rows import fetch
 from testbed.sidecars import http_get
@@ -288,7 +290,6 @@ def run(ctx: Context) -> None:
     finally:
         first.stop()
         second.stop()
-        _delete_namespaces(kube, namespaces)
 
 
 TARGETS = {
@@ -298,8 +299,3 @@ TARGETS = {
     "steady_pass_ms": 2000,
     "burst_p99_ms": 2000,
 }
-
-
-def _delete_namespaces(kube: KubeAPIServer, namespaces: list[str]) -> None:
-    for namespace in namespaces:
-        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
