@@ -173,9 +173,10 @@ def _resume(operator: OperatorProcess, cap_s: float) -> dict[str, Any]:
             if http_get(f"http://127.0.0.1:{operator.health_port}/readyz", timeout=1)[0] == 200:
                 ready_at = now
         else:
-            window = [s for s in samples if s[0] >= now - IDLE_WINDOW_S]
-            start = window[0]
-            if now - start[0] >= IDLE_WINDOW_S * 0.95 and start[0] >= ready_at:
+            # the window starts at the latest sample at least IDLE_WINDOW_S old, after ready
+            older = [s for s in samples if ready_at <= s[0] <= now - IDLE_WINDOW_S]
+            if older:
+                start = older[-1]
                 busy = (cpu - start[1]) / (now - start[0]) * 100
                 if busy < IDLE_PERCENT:
                     steady_at = start[0]
