@@ -41,6 +41,7 @@ from bench.scenarios.operator import apiserver_requests, reassert_cost
 from bench.stats import summarize
 from bench.systems import cpu_seconds, rss_mb
 from schedlock.core.identities import rfc3339
+from schedlock.operator.handlers import ANNOTATIONS_PREFIX, FINALIZER
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
 from testbed.rows import fetch
 from testbed.sidecars import http_get
@@ -48,6 +49,7 @@ from testbed.sidecars import http_get
 GROUP, VERSION, PLURAL = "schedlock.dev", "v1", "scheduledpublishes"
 NAMESPACE_PREFIX = "bench-op10k-"
 CLIENT_THREADS = 16
+LAST_HANDLED = f"{ANNOTATIONS_PREFIX}/last-handled-configuration"
 IDLE_PERCENT = 5.0  # % of one core: the operator counts as idle below it
 IDLE_WINDOW_S = 3.0  # … for this long (a re-assertion pass or a sweep is milliseconds)
 WRITE_SETTLE_S = 5.0  # API writes are counted until this long after steady state
@@ -110,10 +112,15 @@ def _list_all(api: Any) -> list[dict[str, Any]]:
 
 
 def _handled(items: list[dict[str, Any]]) -> int:
+    """Objects the operator is done with: the status observes the generation, and the
+    handler's patch of the object (our finalizer, kopf's last-handled annotation) is in too —
+    an operator stopped between the two leaves the object to the next one's create handler."""
     return sum(
         1
         for o in items
         if (o.get("status") or {}).get("observedGeneration") == o["metadata"].get("generation")
+        and FINALIZER in (o["metadata"].get("finalizers") or [])
+        and LAST_HANDLED in (o["metadata"].get("annotations") or {})
     )
 
 
