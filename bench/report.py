@@ -25,6 +25,7 @@ KEYS = (
     "cluster",
     "history",
     "tenancy",
+    "operator_10k",
 )
 SYSTEMS = ("schedlock", "seed_tick", "k8s_lease", "river", "procrastinate")
 PEERS = SYSTEMS[3:]  # the maintained systems run beside schedlock (bench/peers/)
@@ -42,6 +43,10 @@ SCALE_TARGETS_END = "<!-- bench:scale_targets:end -->"
 # The scale_targets figures of the code before one session per sidecar (issue 22), kept as
 # measured: the "before" row of the scenario's table; the "after" row is the latest run.
 SCALE_TARGETS_BEFORE = REPO / "bench" / "results" / "scale_targets_before.json"
+OPERATOR_10K_BEGIN = (
+    "<!-- bench:operator_10k:begin (written by `make bench`; do not edit by hand) -->"
+)
+OPERATOR_10K_END = "<!-- bench:operator_10k:end -->"
 
 
 def document(info: dict[str, Any], when: datetime, results: dict[str, Any]) -> dict[str, Any]:
@@ -607,12 +612,63 @@ def write_docs(doc: dict[str, Any], table_md: str) -> None:
     DOCS.write_text(_replace_block(DOCS.read_text(), BEGIN, END, body))
 
 
+def operator_10k_table(doc: dict[str, Any]) -> str:
+    """The ``operator_10k`` scenario: a restart with the objects present, a pass, a burst."""
+    o = doc.get("operator_10k")
+    if not o:
+        return ""
+    resume, burst, ingest = o.get("resume") or {}, o.get("burst") or {}, o.get("ingest") or {}
+    reassert, goal = o.get("reassert") or {}, o.get("targets") or {}
+    rss = max(resume.get("peak_rss_mb") or 0, burst.get("rss_mb") or 0) or None
+    p50, p99 = _get(burst, "cr_to_row_ms", "p50"), _get(burst, "cr_to_row_ms", "p99")
+    capped = "≥ " if resume.get("capped") else ""
+
+    def met(value: Any, limit: Any, ok: Callable[[float, float], bool]) -> str:
+        return _check(None if value is None or limit is None else ok(float(value), limit))
+
+    def at_most(value: float, limit: float) -> bool:
+        return value <= limit
+
+    resumed = met(resume.get("resume_s"), goal.get("resume_s"), at_most)
+    lines = [
+        f"| {o['objects']:,} objects in {o['namespaces']} namespaces | measured | target | met |",
+        "|---|---|---|---|",
+        f"| restart: spawn → steady state | {capped}{_num(resume.get('resume_s'), ' s')} "
+        f"(`/readyz` {_num(resume.get('ready_s'), ' s')}, {_num(resume.get('resume_cpu_s'), ' s')}"
+        f" CPU) | ≤ {_num(goal.get('resume_s'), ' s')} | "
+        f"{_check(False) if resume.get('capped') else resumed} |",
+        f"| API writes of the restart (objects, status, Events) | {resume.get('api_writes')} "
+        f"(rows written: {sum((resume.get('row_writes') or {}).values())}) | "
+        f"{goal.get('api_writes')} | {met(resume.get('api_writes'), goal.get('api_writes'), at_most)} |",
+        f"| operator RSS: restart's peak, after the burst | "
+        f"{_num(resume.get('peak_rss_mb'), ' MB')}, {_num(burst.get('rss_mb'), ' MB')} (the "
+        f"first operator after the ingest: {_num(ingest.get('rss_mb'), ' MB')}) | "
+        f"≤ {_num(goal.get('rss_mb'), ' MB')} | "
+        f"{met(rss, goal.get('rss_mb'), at_most)} |",
+        f"| one re-assertion pass, nothing to write | {_num(reassert.get('steady_pass_ms'), ' ms')}"
+        f" | ≤ {_num(goal.get('steady_pass_ms'), ' ms')} | "
+        f"{met(reassert.get('steady_pass_ms'), goal.get('steady_pass_ms'), at_most)} |",
+        f"| … every row lost (each written again) | "
+        f"{_num(reassert.get('all_rows_lost_pass_ms'), ' ms')} | | |",
+        f"| burst of {burst.get('objects')} new objects: cr_to_row p50 / p99 | "
+        f"{_num(p50, ' ms')} / {_num(p99, ' ms')} | p99 ≤ {_num(goal.get('burst_p99_ms'), ' ms')} "
+        f"| {met(p99, goal.get('burst_p99_ms'), at_most)} |",
+        "",
+        f"Ingest of the {o['objects']:,} objects by the first operator: created at "
+        f"{_num(ingest.get('creates_per_s'))}/s, all reconciled after "
+        f"{_num(ingest.get('handled_s'), ' s')}, {_num(ingest.get('operator_cpu_ms_per_object'))}"
+        " ms of operator CPU per object.",
+    ]
+    return "\n".join(lines)
+
+
 # Scenarios whose table has a block of its own in docs/performance.md (each may run alone):
 # key -> (begin marker, end marker, table).
 OWN_BLOCKS: dict[str, tuple[str, str, Callable[[dict[str, Any]], str]]] = {
     "history": (HISTORY_BEGIN, HISTORY_END, history_table),
     "tenancy": (TENANCY_BEGIN, TENANCY_END, tenancy_table),
     "scale_targets": (SCALE_TARGETS_BEGIN, SCALE_TARGETS_END, scale_targets_table),
+    "operator_10k": (OPERATOR_10K_BEGIN, OPERATOR_10K_END, operator_10k_table),
 }
 
 

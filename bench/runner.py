@@ -8,7 +8,8 @@ Order and grouping (what may share the machine with what):
 2. lateness — schedlock alone, then the two baselines and the two peers side by side;
 3. throughput — schedlock alone, then the two baselines side by side, then each peer alone;
 4. idle queries and footprint — all five systems idling side by side, one window;
-5. operator — the burst of ScheduledPublish objects;
+5. operator — the burst of ScheduledPublish objects; operator_10k — a restart of the
+   operator with 10,000 objects present, a re-assertion pass, a burst on top;
 6. scale — 5, 20 and 50 replicas of one target at max_connections 100, bounded vs baseline;
    scale_targets — 50 targets × 2 replicas on one database at max_connections 150 next to an
    app pool of 40 (a PostgreSQL of its own);
@@ -51,6 +52,7 @@ from bench.scenarios import (
     idle,
     lateness,
     operator,
+    operator_10k,
     scale,
     scale_targets,
     tenancy,
@@ -62,7 +64,14 @@ RESULTS = REPO / "bench" / "results"
 SCENARIOS = report.KEYS
 FAILOVER = ("failover_sigkill_ms", "failover_sigstop_ms", "handover_sigterm_ms")
 IDLE = ("idle_queries_per_s_per_replica", "footprint")
-NEEDS_KUBE = (*FAILOVER, "lateness_ms", "throughput_fires_per_s", *IDLE, "operator")
+NEEDS_KUBE = (
+    *FAILOVER,
+    "lateness_ms",
+    "throughput_fires_per_s",
+    *IDLE,
+    "operator",
+    "operator_10k",
+)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -135,6 +144,7 @@ async def _scenarios(ctx: Context, only: list[str], errors: list[str]) -> None:
         ("throughput", ("throughput_fires_per_s",), lambda _: throughput.run(ctx)),
         ("idle", IDLE, lambda keys: idle.run(ctx, keys)),
         ("operator", ("operator",), lambda _: operator.run(ctx)),
+        ("operator_10k", ("operator_10k",), lambda _: operator_10k.run(ctx)),
         ("scale", ("scale",), lambda _: scale.run(ctx)),
         ("scale_targets", ("scale_targets",), lambda _: scale_targets.run(ctx)),
         ("history", ("history",), lambda _: history.run(ctx)),
@@ -191,6 +201,7 @@ def run(
     print(report.history_table(document))
     print(report.tenancy_table(document))
     print(report.scale_targets_table(document))
+    print(report.operator_10k_table(document))
     report.write(out, document, table, ctx.series, ctx.censored)
     if write_docs:
         if set(only) - set(report.OWN_BLOCKS):

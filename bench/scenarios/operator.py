@@ -225,7 +225,8 @@ def run(ctx: Context) -> None:
             },
             apiserver_rejected=_apiserver_rejected(kube),
         )
-        result["reassert"] = _reassert_cost(api, url)
+        items = api.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+        result["reassert"] = reassert_cost(url, items)
         ctx.results["operator"] = result
         ctx.say(
             "operator: cr_to_row p99 {} ms, cr_to_published p99 {} ms".format(
@@ -239,14 +240,14 @@ def run(ctx: Context) -> None:
         sidecars.stop()
 
 
-def _reassert_cost(api: Any, url: str) -> dict[str, Any]:
-    """The operator's re-assertion pass (its own code, in this process) over the burst's real
-    objects, all Published: with every row in place (one comparison query, nothing written),
-    then with every row deleted (each restored in its recorded outcome, none fired)."""
+def reassert_cost(url: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's re-assertion pass (its own code, in this process) over real objects
+    (``items``, as listed): with every row in place (one comparison query, nothing written),
+    then with every row deleted (each object's row written again: a Published one restored in
+    its recorded outcome, none fired; a Scheduled one upserted)."""
     from schedlock.operator.reassert import Reasserter, snapshot
     from schedlock.store import open_store
 
-    items = api.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
     objects = [snapshot(item) for item in items]
 
     async def passes() -> dict[str, Any]:
@@ -271,6 +272,7 @@ def _reassert_cost(api: Any, url: str) -> dict[str, Any]:
             "all_rows_lost_pass_ms": round(restore.seconds * 1000, 1),
             "all_rows_lost_us_per_object": round(restore.seconds / n * 1e6, 1),
             "restored_terminal": restore.restored,
+            "upserted": restore.upserted,
             "writes_after_restore": after.upserted + after.restored,
         }
 

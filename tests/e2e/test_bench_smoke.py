@@ -86,6 +86,10 @@ def test_bench_smoke_writes_every_key(tmp_path: Path, cluster_free_host: None) -
     for key in ("pod_delete_force_gap_ms", "pod_delete_gap_ms", "rolling_update"):
         assert_distribution(cluster[key], f"cluster.{key}")
         assert isinstance(cluster[key]["lost"], int), cluster[key]
+    op10k = document["operator_10k"]
+    assert_distribution(op10k["burst"]["cr_to_row_ms"], "operator_10k.burst.cr_to_row_ms")
+    assert isinstance(op10k["resume"]["api_writes"], int), op10k["resume"]
+    assert isinstance(op10k["reassert"]["steady_pass_ms"], float), op10k["reassert"]
     history = document["history"]
     for side in ("empty", "history"):
         assert_distribution(history[side]["lateness_ms"], f"history.{side}.lateness_ms")

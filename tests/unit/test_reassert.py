@@ -190,3 +190,22 @@ def test_a_wake_runs_the_next_pass_at_once_not_an_interval_later() -> None:
 
     first, woken = run(main())
     assert woken - first == 10  # at the wake, not at the 60 s interval
+
+
+def test_objects_whose_rows_agree_are_compared_without_mapping_them(monkeypatch: Any) -> None:
+    """A pass over objects whose rows agree maps none of them to a row spec (which checks the
+    whole payload): only the ones it writes are."""
+    from schedlock.operator import mapping
+
+    mapped: list[str] = []
+    desired = mapping.desired
+
+    def counting(body: Any) -> Any:
+        mapped.append(body["metadata"]["uid"])
+        return desired(body)
+
+    monkeypatch.setattr(mapping, "desired", counting)
+    agreeing = [obj("a"), obj("b", phase="Published"), obj("c", schedule="@every 1m")]
+    rows = [row("a"), row("b", state="published"), RowVersion("schedule", "c", 1, "active")]
+    assert plan([*agreeing, obj("lost")], rows).compared == 4
+    assert mapped == ["lost"]

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kopf
@@ -28,6 +28,7 @@ from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
+from schedlock.operator.toggles import install as install_toggles
 from schedlock.store import (
     EVERY_NAMESPACE,
     NamespaceNotServed,
@@ -90,13 +91,21 @@ def signals_stop(stopping: asyncio.Event) -> Iterator[None]:
             loop.remove_signal_handler(sig)
 
 
-def signal_listed(registry: kopf.OperatorRegistry, listed: asyncio.Event) -> None:
-    """Set ``listed`` at kopf's first resource callback: kopf fills its indices from the
-    initial listing before it calls any resource handler or filter (its documented guarantee),
-    so from then on an object its index lacks is gone (the status sync skips its rows)."""
+def signal_listed(
+    registry: kopf.OperatorRegistry,
+    listed: asyncio.Event,
+    then: Callable[[], None] = lambda: None,
+) -> None:
+    """Set ``listed`` (and call ``then`` once) at kopf's first resource callback: kopf fills
+    its indices from the initial listing before it calls any resource handler or filter (its
+    documented guarantee), so from then on an object its index lacks is gone (the status sync
+    skips its rows) and the index holds every object (the re-assertion's pass that stands in
+    for resuming the reconciled ones, ``handlers.unreconciled``)."""
 
     def first_event(**_: Any) -> bool:
-        listed.set()
+        if not listed.is_set():
+            listed.set()
+            then()
         return False  # a filter only: no handler runs, kopf logs nothing, no API call
 
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="listed", when=first_event)(
@@ -166,6 +175,7 @@ async def run_kopf(
 ) -> int:
     kopf_settings = kopf.OperatorSettings()
     configure(kopf_settings)
+    install_toggles()  # a restart with n objects: n wake-ups, not n² (schedlock.operator.toggles)
     if settings.webhook_enabled:
         kopf_settings.admission.server = kopf.WebhookServer(
             addr=settings.webhook_host,
@@ -198,7 +208,7 @@ async def run_kopf(
         covers=lambda namespace: not watched or namespace in watched,
         lost=reasserter.wake,  # a row that lost its outcome: restore it now
     )
-    signal_listed(registry, sync.listed)
+    signal_listed(registry, sync.listed, then=reasserter.wake)
     # The operator contends for the pruning lease like the sidecars, on one of its pool's
     # sessions for a pass (schedlock.store.retention); it exports no metrics, the sidecars do.
     pruner = Pruner(store, f"{settings.holder_name}-operator", RetentionPolicy.of(settings))

@@ -116,7 +116,7 @@ class Plan:
 
     upserts: list[PublishSpec | ScheduleSpec] = field(default_factory=list)
     restores: list[tuple[PublishSpec, RecordedOutcome]] = field(default_factory=list)
-    compared: int = 0  # objects the handlers are done with (the ones a pass owns)
+    compared: int = 0  # objects the handlers are done with (the ones a pass owns), compared
 
     @property
     def writes(self) -> int:
@@ -151,31 +151,44 @@ def handled(obj: Mapping[str, Any]) -> bool:
 
 
 def plan(objects: Iterable[Mapping[str, Any]], versions: Iterable[RowVersion]) -> Plan:
-    """Compare objects with their rows' (uid, generation, state): what must be written."""
+    """Compare objects with their rows' (uid, generation, state): what must be written.
+
+    Only an object that needs a write is mapped to its row (``mapping.desired``, which checks
+    the whole payload): comparing reads the uid, the generation, the kind and the status, so
+    a pass over objects whose rows agree costs a dictionary look-up each (10,000 objects:
+    milliseconds, where mapping every one took seconds).
+    """
     rows = {(v.kind, v.uid): v for v in versions}
     result = Plan()
     for obj in objects:
         if not handled(obj):
             continue
-        try:
-            spec = mapping.desired(obj)
-        except (mapping.InvalidSpec, KeyError, TypeError, ValueError):
-            continue  # the handlers reported it; nothing to assert
-        result.compared += 1
-        if isinstance(spec, ScheduleSpec):
-            row = rows.get(("schedule", spec.uid))
-            if row is None or row.generation < spec.generation:
-                result.upserts.append(spec)
-            continue
-        row = rows.get((Scheduler.PUBLISH, spec.uid))
-        outcome = recorded_outcome(obj.get("status") or {})
-        if outcome is not None:
-            # The status records the outcome: a missing row is done (pruned or lost), only a
-            # row that went back would fire again.
-            if row is not None and went_back(row.generation, row.state, spec.generation):
+        meta = obj["metadata"]
+        generation = int(meta.get("generation") or 1)
+        if (obj.get("spec") or {}).get("schedule"):
+            row = rows.get(("schedule", str(meta["uid"])))
+            outcome = None
+            write = row is None or row.generation < generation
+        else:
+            row = rows.get((Scheduler.PUBLISH, str(meta["uid"])))
+            outcome = recorded_outcome(obj.get("status") or {})
+            if outcome is not None:
+                # The status records the outcome: a missing row is done (pruned or lost), only
+                # a row that went back would fire again.
+                write = row is not None and went_back(row.generation, row.state, generation)
+            else:
+                write = row is None or row.generation < generation
+        if write:
+            try:
+                spec = mapping.desired(obj)
+            except (mapping.InvalidSpec, KeyError, TypeError, ValueError):
+                continue  # the handlers reported it; nothing to assert
+            if outcome is not None:
+                assert isinstance(spec, PublishSpec)
                 result.restores.append((spec, outcome))
-        elif row is None or row.generation < spec.generation:
-            result.upserts.append(spec)
+            else:
+                result.upserts.append(spec)
+        result.compared += 1
     return result
 
 
