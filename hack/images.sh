@@ -51,10 +51,12 @@ log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { echo "error: $*" >&2; exit 2; }
 
 # Every buildah call goes to the cache's own storage: a storage.conf of ours replaces the host's
-# (CONTAINERS_STORAGE_CONF), so no option of the host's default storage leaks in either.
+# (CONTAINERS_STORAGE_CONF), so no option of the host's default storage leaks in either.  Its
+# network configuration too (CONTAINERS_CONF): a RUN step sets up the CNI library, which
+# otherwise creates /etc/cni/net.d/cni.lock on the host and leaves it there.
 bah() {
-  CONTAINERS_STORAGE_CONF="$CACHE/storage.conf" STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot \
-    buildah "$@"
+  CONTAINERS_STORAGE_CONF="$CACHE/storage.conf" CONTAINERS_CONF="$CACHE/containers.conf" \
+    STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot buildah "$@"
 }
 
 setup() {
@@ -70,6 +72,12 @@ graphroot = "$CACHE/storage"
 runroot = "$CACHE/run"
 EOF
   mv "$CACHE/storage.conf.$$" "$CACHE/storage.conf"
+  mkdir -p "$CACHE/cni"
+  cat >"$CACHE/containers.conf.$$" <<EOF
+[network]
+network_config_dir = "$CACHE/cni"
+EOF
+  mv "$CACHE/containers.conf.$$" "$CACHE/containers.conf"
   WORK="$(mktemp -d "$CACHE/tmp.XXXXXX")"
 }
 
@@ -473,10 +481,26 @@ ensure() {
   exec 9>&-
 }
 
+# run-step: what a Dockerfile's RUN step does to the host, once: `true` in a throwaway container
+# of the base image (tests/integration/test_images.py checks the host is left as it was).
+run_step() {
+  local ctr
+  ensure base
+  setup
+  exec 9>"$CACHE/.lock"
+  flock 9
+  load_base
+  ctr="$(bah from --pull=never "$(ref base)")"
+  bah run "$ctr" -- true
+  bah rm "$ctr" >/dev/null
+  exec 9>&-
+}
+
 cmd="${1:-ensure}"
 shift || true
 case "$cmd" in
   ensure) ensure "$@" ;;
+  run-step) run_step ;;
   path)
     [[ $# -eq 1 ]] || die "usage: hack/images.sh path NAME"
     ensure "$1"
@@ -484,5 +508,5 @@ case "$cmd" in
   ref)
     [[ $# -eq 1 ]] || die "usage: hack/images.sh ref NAME"
     ref "$1" ;;
-  *) echo "usage: hack/images.sh ensure [NAME...] | path NAME | ref NAME" >&2; exit 2 ;;
+  *) echo "usage: hack/images.sh ensure [NAME...] | path NAME | ref NAME | run-step" >&2; exit 2 ;;
 esac

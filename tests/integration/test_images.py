@@ -352,3 +352,12 @@ def test_demo_app_containerfile_passes_hadolint() -> None:
         [str(hadolint), str(containerfile)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_run_step_leaves_the_host_as_it_was() -> None:
+    """buildah's RUN steps set up the CNI library, whose default is the host's /etc/cni/net.d
+    (it left a cni.lock there, on every machine that built the images): the builds point it
+    at the cache instead."""
+    before = Path("/etc/cni").exists()
+    _images("run-step")
+    assert Path("/etc/cni").exists() == before, "a RUN step created /etc/cni on the host"
