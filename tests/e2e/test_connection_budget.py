@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -429,19 +430,26 @@ def test_standby_places_status_and_listen_on_the_lock_session(
             f"AND classid = {STANDBY_CLASS_ID}::int::oid AND objsubid = 2",
         )
         assert places == 2, "each standby holds one place; the leader gave its own back"
-        # `schedlock status` names the leader and the standbys, and the reserves.
-        shown = subprocess.run(
-            [str(Path(sys.executable).with_name("schedlock")), "status", "--json"],
-            env={**os.environ, "SCHEDLOCK_DATABASE_URL": migrated_database},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        (key,) = json.loads(shown.stdout)
+        # `schedlock status` names the leader and the standbys, and the reserves.  A standby's
+        # wait re-queues once a second (between two slices it is briefly out of pg_locks), so
+        # the status is read until it has seen both waiting.
         roles = {s.name: role_of(s) for s in group}
+        standbys = sorted(n for n, r in roles.items() if r == "standby")
+
+        def status() -> dict[str, Any] | None:
+            shown = subprocess.run(
+                [str(Path(sys.executable).with_name("schedlock")), "status", "--json"],
+                env={**os.environ, "SCHEDLOCK_DATABASE_URL": migrated_database},
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            )
+            (key,) = json.loads(shown.stdout)
+            return key if sorted(key["standbys"]) == standbys else None
+
+        key = wait_for(status, timeout=20, what="the status to show both standbys waiting")
         assert roles[key["leader"]] == "leader"
-        assert sorted(key["standbys"]) == sorted(n for n, r in roles.items() if r == "standby")
         assert key["reserves"] == [n for n, r in sorted(roles.items()) if r == "reserve"]
         table = subprocess.run(
             [str(Path(sys.executable).with_name("schedlock")), "status"],
@@ -452,7 +460,7 @@ def test_standby_places_status_and_listen_on_the_lock_session(
             check=True,
         ).stdout
         assert "STANDBYS" in table and "RESERVES" in table and "SESSIONS" in table, table
-        assert key["sessions"] == 3, key  # the leader's and the two standbys'
+        assert key["sessions"] == 3, key  # the leader's and the two standbys' (read above)
         assert "database sessions: 3 held by schedlock sidecars (1 leading, 2 standing by" in (
             table
         ), table
