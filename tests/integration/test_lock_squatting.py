@@ -13,7 +13,14 @@ import asyncio
 import psycopg
 import pytest
 
-from schedlock.store import LEADER_CLASS_ID, ForeignHolder, LockKey, TargetLock, open_store
+from schedlock.store import (
+    LEADER_CLASS_ID,
+    ForeignHolder,
+    LockKey,
+    LockSession,
+    TargetLock,
+    open_store,
+)
 from testbed.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
 
 KEY = LockKey("publish", "team-b", "demo")
@@ -54,6 +61,22 @@ def hold_by_hand(
     return conn
 
 
+async def waiting_until_told(
+    standby: LockSession, heard: list[ForeignHolder | None]
+) -> asyncio.Task[None]:
+    """The standby waiting for its lock, once its wait has said what it heard of the holder
+    (into ``heard``; within a slice or two of the wait)."""
+    told = asyncio.Event()
+
+    def on_holder(holder: ForeignHolder | None) -> None:
+        heard.append(holder)
+        told.set()
+
+    waiting = asyncio.create_task(standby.acquire(on_holder))
+    await asyncio.wait_for(told.wait(), 15)
+    return waiting
+
+
 def backend_pid(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     return conn.info.backend_pid
 
@@ -68,14 +91,7 @@ def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
     async def run() -> None:
         standby = open_store(as_role(squatted, SIDECAR_ROLE)).lock_session(KEY, "b-standby", 15)
         await standby.connect()
-        told = asyncio.Event()
-
-        def on_holder(holder: ForeignHolder | None) -> None:
-            heard.append(holder)
-            told.set()
-
-        waiting = asyncio.create_task(standby.acquire(on_holder))
-        await asyncio.wait_for(told.wait(), 15)  # within a slice or two of the wait
+        waiting = await waiting_until_told(standby, heard)
         assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]
         assert not waiting.done()
         # The admin's status and a role scoped to team-b both name the holder.
@@ -167,14 +183,7 @@ def test_a_standby_waiting_for_a_squatted_leadership_lock_hears_of_it(
         store = open_store(as_role(squatted, SIDECAR_ROLE))
         standby = store.lock_session(KEY, "b-standby", 15, TARGET)
         await standby.connect()
-        told = asyncio.Event()
-
-        def on_holder(holder: ForeignHolder | None) -> None:
-            heard.append(holder)
-            told.set()
-
-        waiting = asyncio.create_task(standby.acquire(on_holder))
-        await asyncio.wait_for(told.wait(), 15)
+        waiting = await waiting_until_told(standby, heard)
         statuses = [k for k in await store.key_status() if k.namespace == "team-b"]
         assert {k.scheduler for k in statuses} == {"publish", "recurring"}
         for status in statuses:
