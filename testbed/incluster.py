@@ -29,7 +29,6 @@ import shutil
 import subprocess
 import tarfile
 import threading
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,12 +38,14 @@ from typing import Any
 import psycopg
 
 from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
+from schedlock.store import LockKey
 from testbed import pg
 from testbed.cluster import Cluster
 from testbed.deliveries import Delivery
 from testbed.helm import CHART, Helm
+from testbed.leaders import leader
 from testbed.procs import output
-from testbed.sidecars import parse_metrics, wait_for
+from testbed.sidecars import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES_SH = REPO / "hack" / "images.sh"
@@ -56,7 +57,6 @@ DATABASE_SERVICE = "postgres"
 DATABASE_PORT = 5432
 DATABASE_NAME = "schedlock"
 DATABASE_ROLE = "schedlock"
-SIDECAR_METRICS_PORT = 9090  # src/schedlock/operator/injection.py METRICS_PORT
 INJECTED_LABEL = "schedlock.dev/injected"
 
 Manifest = dict[str, Any]
@@ -468,21 +468,11 @@ class Product:
         ]
 
     def leaders(self, namespace: str, app: str, scheduler: str = "publish") -> list[str]:
-        """Names of the pods whose sidecar reports ``schedlock_leader`` 1 for SCHEDULER."""
-        found = []
-        for pod in self.running_pods(namespace, f"app.kubernetes.io/name={app}"):
-            ip = pod["status"].get("podIP")
-            if not ip:
-                continue
-            metrics = sidecar_metrics(ip)
-            if any(
-                series.startswith("schedlock_leader{")
-                and f'scheduler="{scheduler}"' in series
-                and value == 1
-                for series, value in metrics.items()
-            ):
-                found.append(str(pod["metadata"]["name"]))
-        return found
+        """Names of the running pods leading SCHEDULER's key of APP (its pods' target), as the
+        database says (``testbed.leaders``; a sidecar's holder name is its pod's name)."""
+        name = leader(self.database.host_url, LockKey(scheduler, namespace, app))
+        running = self.running_pods(namespace, f"app.kubernetes.io/name={app}")
+        return [str(p["metadata"]["name"]) for p in running if p["metadata"]["name"] == name]
 
     def wait_leader(
         self, namespace: str, app: str, scheduler: str = "publish", timeout: float = 60
@@ -495,17 +485,6 @@ class Product:
         )
         assert len(leaders) == 1, f"more than one leader: {leaders}"
         return str(leaders[0])
-
-
-def sidecar_metrics(pod_ip: str, timeout: float = 2) -> dict[str, float]:
-    """The injected sidecar's /metrics, read from the host over the pod network."""
-    try:
-        with urllib.request.urlopen(
-            f"http://{pod_ip}:{SIDECAR_METRICS_PORT}/metrics", timeout=timeout
-        ) as response:
-            return parse_metrics(response.read().decode())
-    except OSError:
-        return {}
 
 
 @contextlib.contextmanager

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schedlock.store import LockKey
+from testbed.leaders import leader
 from testbed.pg import free_port
 from testbed.procs import NamedProcess, die_with_parent, terminate
 
@@ -285,7 +287,9 @@ class SidecarGroup:
         return sidecar
 
     def leaders(self, scheduler: str = "publish") -> list[SidecarProcess]:
-        return [s for s in self.sidecars if s.alive() and s.leads(scheduler)]
+        """The live replicas leading ``scheduler``'s key, as the database says (testbed.leaders)."""
+        name = leader(self.database_url, LockKey(scheduler, self.namespace, self.target))
+        return [s for s in self.sidecars if s.alive() and s.name == name]
 
     def wait_leader(self, scheduler: str = "publish", timeout: float = 20) -> SidecarProcess:
         leaders: list[SidecarProcess] = wait_for(

@@ -14,8 +14,9 @@ import pytest
 
 from schedlock.core.identities import Scheduler, scheduler_of
 from schedlock.core.logs import Event, records
-from schedlock.store.keys import LEADER_CLASS_ID, SCHEDLOCK_CLASS_ID
+from schedlock.store.keys import LEADER_CLASS_ID, LockKey
 from testbed.checks import assert_duplicates_only_across_crash, assert_one_leader_at_a_time
+from testbed.leaders import leaders
 from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
 from testbed.rows import insert_rows, wait_published
 from testbed.sidecars import SidecarGroup, SidecarProcess, schedlock_cli, wait_for
@@ -39,15 +40,16 @@ def group(tmp_path: Path, migrated_database: str) -> Iterator[SidecarGroup]:
         replicas.stop()
 
 
-def lock_holders(url: str, classid: int = SCHEDLOCK_CLASS_ID) -> dict[int, list[tuple[int, bool]]]:
-    """objid -> [(pid, granted)] for schedlock's advisory locks of ``classid`` (the keys' own
-    by default; ``LEADER_CLASS_ID``: the targets' leadership locks)."""
+def leadership_locks(url: str) -> dict[int, list[tuple[int, bool]]]:
+    """objid -> [(pid, granted)] for the targets' leadership locks (``LEADER_CLASS_ID``): who
+    holds and who waits on them, by backend, which no store verb tells (``key_status`` names
+    the keys' leaders: ``testbed.leaders``)."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT objid::int, pid, granted FROM pg_locks WHERE locktype = 'advisory' "
             "AND classid = %s::int::oid AND objsubid = 2 AND objid <> 0 AND database = "
             "(SELECT oid FROM pg_database WHERE datname = current_database())",
-            (classid,),
+            (LEADER_CLASS_ID,),
         ).fetchall()
     holders: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
     for objid, pid, granted in rows:
@@ -115,14 +117,14 @@ def test_one_session_per_sidecar_leads_both_keys(
     )
     (pid,) = postgres.backends(migrated_database, application_name=leader.name)
     # A standby's wait re-queues every second (it commits between slices so as not to hold
-    # back VACUUM): for that moment it is not in pg_locks.  Every sample has one holder per
-    # lock, the same session for all three, and at most one waiter, for the leadership lock.
+    # back VACUUM): for that moment it is not in pg_locks.  Every sample has the leader's one
+    # session leading both keys and holding the leadership lock, and at most one waiter, for
+    # the leadership lock.
+    both = {LockKey(s, group.namespace, group.target): leader.name for s in Scheduler}
     standby_seen = False
     for _ in range(20):
-        keys = lock_holders(migrated_database)
-        assert len(keys) == 2, keys  # publish and recurring keys
-        assert all(entries == [(pid, True)] for entries in keys.values()), keys
-        (leading,) = lock_holders(migrated_database, LEADER_CLASS_ID).values()
+        assert leaders(migrated_database) == both
+        (leading,) = leadership_locks(migrated_database).values()
         assert sorted(leading, key=lambda e: not e[1])[0] == (pid, True), leading
         assert len(leading) <= 2, leading  # the leader, one standby
         standby_seen = standby_seen or len(leading) == 2
@@ -131,7 +133,7 @@ def test_one_session_per_sidecar_leads_both_keys(
         time.sleep(0.1)
     if not standby_seen:
         wait_for(
-            lambda: len(next(iter(lock_holders(migrated_database, LEADER_CLASS_ID).values()))) == 2,
+            lambda: len(next(iter(leadership_locks(migrated_database).values()))) == 2,
             timeout=10,
             what="the standby queued for the leadership lock",
         )

@@ -15,12 +15,12 @@ import psycopg
 import pytest
 
 from schedlock.core.logs import records
-from schedlock.store.keys import LEADER_CLASS_ID
 from testbed.checks import assert_duplicates_only_across_crash
+from testbed.leaders import leaders
 from testbed.pg import free_port
 from testbed.rows import insert_rows, row_states
 from testbed.sidecars import ReceiverProcess, SidecarProcess, http_get, wait_for
-from tests.e2e.test_leadership import lock_holders
+from tests.e2e.test_leadership import leadership_locks
 
 FAST = {
     "SCHEDLOCK_LEASE_SECONDS": "4",
@@ -33,7 +33,7 @@ FAST = {
 def queue(url: str) -> dict[int, list[tuple[int, bool]]]:
     """The holder and the waiters of the target's leadership lock (the key's own lock is only
     ever held, by the leader, never waited for)."""
-    return lock_holders(url, LEADER_CLASS_ID)
+    return leadership_locks(url)
 
 
 class Pod:
@@ -197,7 +197,7 @@ def test_sidecar_started_before_its_app_holds_no_lock_until_it_answers(
         )
         assert "target_unreachable" in pod.events()
         assert pod.target_up() == 0
-        assert lock_holders(migrated_database) == {} == queue(migrated_database)
+        assert leaders(migrated_database) == {} and queue(migrated_database) == {}
         assert rows(migrated_database, "early")[uid][:2] == ("scheduled", 0)
 
         pod.app.start()

@@ -1,0 +1,63 @@
+"""Who leads: the product's own answer (``Store.key_status()``), for tests, tools and benchmarks.
+
+A key is *led* by the session that holds its lock once that session has begun its term there:
+the lock's holder (``lock_holder``, the session's application_name, which is the replica's
+holder name) is the term's holder and the term is not released.  Between a grant and the new
+term, and while nobody holds the lock, the key has no leader.  A frozen or partitioned leader
+still leads here until the server ends its session (the lease): the database's view, not the
+replica's own (``SidecarProcess.leads`` reads that one from its metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from schedlock.store import KeyStatus, LockKey, Store, open_store
+
+APPLICATION_NAME = "testbed-leaders"
+
+
+def leader_of(status: KeyStatus) -> str | None:
+    """The holder name leading this key, or None (see the module docstring)."""
+    if status.lock_holder is None or status.released_at is not None:
+        return None
+    return status.lock_holder if status.lock_holder == status.holder else None
+
+
+async def read_leaders(store: Store) -> dict[LockKey, str]:
+    """Every led key -> the holder name leading it."""
+    return {
+        LockKey(s.scheduler, s.namespace, s.target): name
+        for s in await store.key_status()
+        if (name := leader_of(s)) is not None
+    }
+
+
+async def leaders_at(url: str) -> dict[LockKey, str]:
+    """:func:`read_leaders` on a store of its own for ``url`` (one short session)."""
+    store = open_store(url, application_name=APPLICATION_NAME)
+    try:
+        return await read_leaders(store)
+    finally:
+        await store.close()
+
+
+def leaders(url: str) -> dict[LockKey, str]:
+    """:func:`leaders_at` for synchronous code, from a thread and an event loop of its own, so
+    that a polling predicate may call it inside a running loop too."""
+    with ThreadPoolExecutor(1, thread_name_prefix="leaders") as pool:
+        return pool.submit(asyncio.run, leaders_at(url)).result()
+
+
+def leader(url: str, key: LockKey) -> str | None:
+    """The holder name leading ``key`` right now, or None."""
+    return leaders(url).get(key)
+
+
+def keys_led(url: str) -> dict[str, int]:
+    """holder name -> how many keys it leads right now."""
+    counts: dict[str, int] = {}
+    for name in leaders(url).values():
+        counts[name] = counts.get(name, 0) + 1
+    return counts
