@@ -1,9 +1,10 @@
 """The five systems under test, each as an *instance*: a database, a receiver, N replicas.
 
-An instance knows how to start its replicas, tell which one leads right now (from the lock
-itself: ``pg_locks`` for schedlock and the seed, the Lease object for ``k8s_lease``,
-``river_leader`` for River; procrastinate has no leader), and replace a replica that a
-scenario killed, as a Deployment would.
+An instance knows how to start its replicas, tell which one leads right now (schedlock's own
+answer, ``Store.key_status()`` through ``testbed.leaders``; from the lock itself for the
+others: ``pg_locks`` for the seed, the Lease object for ``k8s_lease``, ``river_leader`` for
+River; procrastinate has no leader), and replace a replica that a scenario killed, as a
+Deployment would.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from bench import kube_client
 from bench.env import BenchEnv
 from bench.peers import jobs
 from bench.profiles import Profile
-from schedlock.core.identities import parse_rfc3339
+from schedlock.core.identities import Scheduler, parse_rfc3339
 from schedlock.core.logs import Event, records
 from schedlock.store.keys import LockKey
+from testbed import leaders
 from testbed.deliveries import DeliveryLog
 from testbed.procs import NamedProcess, die_with_parent, terminate
 from testbed.sidecars import REPO, Deadline, ReceiverProcess, SidecarProcess
@@ -307,18 +309,6 @@ class Instance:
         """Who holds the lock (lease) right now, by replica name; None while nobody does."""
         raise NotImplementedError
 
-    def _advisory_holder(self, classid: int | None, objid: int | None, objsubid: int) -> str | None:
-        query = (
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.database = %s AND l.objsubid = %s"
-        )
-        params: tuple[Any, ...] = (self._db_oid, objsubid)
-        if classid is not None and objid is not None:
-            query += " AND l.classid = %s::int::oid AND l.objid = %s::int::oid"
-            params += (classid, objid)
-        rows = self.env.sql(query, params)
-        return str(rows[0][0]) if rows else None
-
     def delivered_recently(self, name: str, within: float) -> bool:
         since = time.time() - within
         for entry in reversed(self.log.refresh()[-400:]):
@@ -378,18 +368,10 @@ class SchedlockInstance(Instance):
         return self.timings.schedlock_env()
 
     def leader_name(self) -> str | None:
-        key = LockKey("publish", self.namespace, self.target)
-        return self._advisory_holder(key.classid, key.objid, 2)
+        return leaders.leader(self.db_url, LockKey(Scheduler.PUBLISH, self.namespace, self.target))
 
     def keys_led(self) -> dict[str, int]:
-        rows = self.env.sql(
-            "SELECT a.application_name, count(*) FROM pg_locks l "
-            "JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.database = %s AND l.objsubid = 2 "
-            "AND l.classid = %s::int::oid GROUP BY 1",
-            (self._db_oid, LockKey("publish", "x", "y").classid),
-        )
-        return {str(name): int(count) for name, count in rows}
+        return leaders.keys_led(self.db_url)
 
 
 class SeedTickInstance(Instance):
@@ -410,7 +392,12 @@ class SeedTickInstance(Instance):
 
     def leader_name(self) -> str | None:
         # The seed's only lock in this database: one bigint key (objsubid 1).
-        return self._advisory_holder(None, None, 1)
+        rows = self.env.sql(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.database = %s AND l.objsubid = 1",
+            (self._db_oid,),
+        )
+        return str(rows[0][0]) if rows else None
 
     async def active_leader(self, timeout: float, within: float = 1.0) -> Replica:
         """The replica inside a tick right now (holding the lock while it fires)."""

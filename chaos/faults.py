@@ -35,6 +35,7 @@ from chaos.plan import (
     PlannedFault,
 )
 from chaos.stack import DATABASE, STANDBY_NAME, ChaosPostgres, Replica, Stack, log
+from schedlock.store import LockKey
 
 
 @dataclass
@@ -292,25 +293,22 @@ class FaultRunner:
         """pg_terminate_backend of the lock session of one key, or of every lock session of
         the victim (its application_name is its holder name)."""
         r.detail["variant"] = p.variant
-        holders = await self.stack.lock_holders()
         if p.variant == "lock":
-            wanted = [(str(k), pid) for k, (app, pid) in holders.items() if app == victim.name]
-            wanted = [
-                (k, pid)
-                for k, pid in wanted
-                if k == f"{p.scheduler}/{self.config.namespace}/{p.target}"
-            ]
-            pids = [pid for _, pid in wanted]
-            r.keys = [k for k, _ in wanted]
+            # A sidecar's one lock session (named as the sidecar) holds all its keys' locks.
+            key = LockKey(p.scheduler, self.config.namespace, p.target)
+            leads = (await self.stack.leaders()).get(key) == victim.name
+            r.keys = [str(key)] if leads else []
+            pattern = victim.name
         else:
             # "holder": its lock sessions; "all": its LISTEN connection (and any probe) too.
+            leads = True
             pattern = victim.name if p.variant == "holder" else f"{victim.name}-%"
-            rows = await self.stack.query(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND (application_name = %s OR application_name LIKE %s)",
-                (victim.name, pattern),
-            )
-            pids = [int(row[0]) for row in rows]
+        rows = await self.stack.query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND (application_name = %s OR application_name LIKE %s)",
+            (victim.name, pattern),
+        )
+        pids = [int(row[0]) for row in rows] if leads else []
         r.start = time.time()
         done = [
             bool((await self.stack.query("SELECT pg_terminate_backend(%s)", (pid,)))[0][0])

@@ -32,6 +32,7 @@ from chaos.faults import FaultRunner
 from chaos.load import SP_API, DirectRows, Expected, ObjectRows, create_schedules
 from chaos.plan import APP_KINDS, plan_faults
 from chaos.stack import Stack, log
+from schedlock.store import StoreError
 
 TERMINAL = ("published", "failed", "missed", "cancelled")
 
@@ -186,8 +187,8 @@ async def _warm_up(stack: Stack, config: ChaosConfig, run_info: dict[str, Any]) 
     while True:
         ready = [await stack.sidecar_ready(r) for r in stack.replicas.values()]
         holders = {}
-        with contextlib.suppress(psycopg.Error):
-            holders = await stack.lock_holders()
+        with contextlib.suppress(StoreError):
+            holders = await stack.leaders()
         firsts = await _first_slots(stack, run_info)
         operator_ok = True
         if stack.operator is not None:

@@ -35,9 +35,9 @@ from psycopg.rows import TupleRow
 
 from chaos.config import ChaosConfig
 from chaos.proxy import BlackholeProxy, ProxyGroup
-from schedlock.store import LockKey, open_store
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID
+from schedlock.store import LockKey, StoreError, open_store
 from testbed.kube import KubeAPIServer
+from testbed.leaders import leaders_at
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
 from testbed.pg import PostgresServer, replicate_from, server_dir, wait_streaming
 from testbed.procs import die_with_parent
@@ -167,7 +167,6 @@ class Stack:
         self.keys = {
             LockKey(s, config.namespace, t): (t, s) for t in config.targets for s in SCHEDULERS
         }
-        self.objids = {key.objid: key for key in self.keys}
 
     # -- the two servers ------------------------------------------------------------------------
 
@@ -315,42 +314,28 @@ class Stack:
                     raise
         return []
 
-    async def lock_holders(self) -> dict[LockKey, tuple[str, int]]:
-        """Granted schedlock advisory locks: key -> (application_name, backend pid)."""
-        rows = await self.query(
-            "SELECT l.objid::bigint, a.application_name, l.pid FROM pg_locks l "
-            "JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.classid = %s::int::oid AND l.objsubid = 2 "
-            "AND l.granted AND l.database = "
-            "(SELECT oid FROM pg_database WHERE datname = current_database())",
-            (SCHEDLOCK_CLASS_ID,),
-        )
-        holders: dict[LockKey, tuple[str, int]] = {}
-        for objid, app, pid in rows:
-            signed = int(objid) - (1 << 32) if int(objid) >= (1 << 31) else int(objid)
-            key = self.objids.get(signed)
-            if key is not None:
-                holders[key] = (str(app), int(pid))
-        return holders
+    async def leaders(self) -> dict[LockKey, str]:
+        """This run's led keys -> the holder name leading each (``testbed.leaders``, read on
+        the current primary)."""
+        led = await leaders_at(self.admin_url)
+        return {key: name for key, name in led.items() if key in self.keys}
 
     async def leader_of(self, target: str, scheduler: str, timeout: float = 8.0) -> str | None:
+        """The live replica leading the key (not down or frozen), waiting up to ``timeout``."""
         key = LockKey(scheduler, self.config.namespace, target)
         deadline = time.monotonic() + timeout
         while True:
-            with contextlib.suppress(psycopg.Error):
-                holder = (await self.lock_holders()).get(key)
-                if holder is not None and holder[0] in self.replicas:
-                    replica = self.replicas[holder[0]]
-                    if not replica.down and not replica.frozen and replica.process.alive():
-                        return holder[0]
+            with contextlib.suppress(StoreError):
+                name = (await self.leaders()).get(key)
+                replica = self.replicas.get(name or "")
+                if replica and not (replica.down or replica.frozen) and replica.process.alive():
+                    return replica.name
             if time.monotonic() > deadline:
                 return None
             await asyncio.sleep(0.1)
 
     async def keys_led_by(self, holder: str) -> list[str]:
-        return sorted(
-            str(k) for k, (app, _) in (await self.lock_holders()).items() if app == holder
-        )
+        return sorted(str(key) for key, name in (await self.leaders()).items() if name == holder)
 
     # -- Kubernetes, as the admin (the harness plays the user creating objects) -----------------
 

@@ -8,7 +8,8 @@ sidecars (both schedulers: 2 lock keys) start on a fresh database, then:
   times once every key is led and the standby places are filled;
 * new connections/s and statements/s over a quiet window, from ``pg_stat_database``
   (``sessions`` and ``xact_commit``: every statement of an autocommit session is one
-  transaction; our own sampling runs on another database, so it is not counted) — right
+  transaction; our own sampling runs on another database, and no leader check runs in the
+  window, so neither is counted) — right
   after the start, and in full runs again once the reserves' turns have settled (one
   rotation: every reserve has checked with the whole roster in view);
 * refused connections (``schedlock_database_connections_refused_total`` summed over the
@@ -26,7 +27,6 @@ session its leaders used to add (one more per led key).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import signal
 import statistics
@@ -37,26 +37,17 @@ from bench.context import Context
 from bench.rows import insert_due
 from bench.stats import summarize
 from bench.systems import rss_mb, until
-from schedlock.store.keys import SCHEDLOCK_CLASS_ID
+from schedlock.core.identities import Scheduler
+from schedlock.store import LockKey
 from testbed.deliveries import DeliveryLog
+from testbed.leaders import leader, leaders
 from testbed.sidecars import ReceiverProcess, SidecarProcess
 
 SAMPLES = 10
 TARGET = "app"
+NAMESPACE = "default"  # the sidecars' default
 DESIGNS = {"bounded": {}, "baseline": {"SCHEDLOCK_STANDBYS": "10000"}}
 REFUSED = "schedlock_database_connections_refused_total"
-
-
-def _locks(ctx: Context, oid: int) -> dict[int, list[bool]]:
-    rows = ctx.env.sql(
-        "SELECT objid::int, granted FROM pg_locks WHERE locktype = 'advisory' AND database = %s "
-        "AND classid = %s::int::oid AND objsubid = 2",
-        (oid, SCHEDLOCK_CLASS_ID),
-    )
-    keys: dict[int, list[bool]] = collections.defaultdict(list)
-    for objid, granted in rows:
-        keys[int(objid)].append(bool(granted))
-    return keys
 
 
 def _sessions(ctx: Context, dbname: str) -> int:
@@ -77,8 +68,9 @@ def _counters(ctx: Context, dbname: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _leader(sidecars: list[SidecarProcess]) -> SidecarProcess | None:
-    return next((s for s in sidecars if s.alive() and s.leads("publish")), None)
+def _leader(fleet: Fleet) -> SidecarProcess | None:
+    name = leader(fleet.url, LockKey(Scheduler.PUBLISH, NAMESPACE, TARGET))
+    return next((s for s in fleet.sidecars if s.alive() and s.name == name), None)
 
 
 class Fleet:
@@ -89,7 +81,6 @@ class Fleet:
         self.design = design
         self.dbname = ctx.env.new_database(f"scale_{design}_{replicas}")
         self.url = ctx.env.url(self.dbname)
-        self.oid = ctx.env.database_oid(self.dbname)
         self.workdir = ctx.env.workdir / self.dbname
         self.receiver = ReceiverProcess(self.workdir / "receiver").start()
         self.log = DeliveryLog(self.receiver.log_path)
@@ -111,8 +102,8 @@ class Fleet:
         return sidecar
 
     def one_leader_per_key(self) -> bool:
-        keys = _locks(self.ctx, self.oid)
-        return len(keys) == 2 and all(sum(h) == 1 for h in keys.values())
+        led = leaders(self.url)
+        return all(LockKey(s, NAMESPACE, TARGET) in led for s in Scheduler)
 
     def refused(self) -> int:
         return int(sum(s.metrics().get(REFUSED, 0) for s in self.sidecars if s.alive()))
@@ -143,7 +134,7 @@ async def _settle(fleet: Fleet, replicas: int) -> None:
 
 async def _failover(fleet: Fleet, trial: int) -> float:
     """SIGKILL the publish leader while rows are due every 10 ms; the gap at the receiver, ms."""
-    leader = await until(lambda: _leader(fleet.sidecars), 60, 0.05, "a publish leader")
+    leader = await until(lambda: _leader(fleet), 60, 0.05, "a publish leader")
     prefix = f"kill{trial}"
     start = time.time() + 0.5
     insert_due(fleet.url, prefix=prefix, count=300, start_at=start, spacing=0.01, target=TARGET)
