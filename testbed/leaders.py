@@ -11,7 +11,9 @@ replica's own (``SidecarProcess.leads`` reads that one from its metrics).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from schedlock.store import KeyStatus, LockKey, Store, open_store
 
@@ -61,3 +63,36 @@ def keys_led(url: str) -> dict[str, int]:
     for name in leaders(url).values():
         counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+@dataclass(frozen=True)
+class NewTerm:
+    """A term begun since the last look (``TermWatch``)."""
+
+    key: LockKey
+    term: int
+    holder: str
+    since: float | None  # when it began, on the database clock (Unix time)
+    previous: str | None  # the holder of the term seen before it (None: first look at the key)
+
+
+class TermWatch:
+    """Term polling over ``key_status()``: each look returns the terms begun since the one
+    before, and keeps each key's latest status (``keys``)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[LockKey, KeyStatus] = {}
+
+    def look(self, statuses: Iterable[KeyStatus]) -> list[NewTerm]:
+        begun = []
+        for status in statuses:
+            key = LockKey(status.scheduler, status.namespace, status.target)
+            old = self.keys.get(key)
+            self.keys[key] = status
+            if status.term == 0 or status.holder is None:
+                continue  # registered, never led
+            if old is None or status.term > old.term:
+                since = status.since.timestamp() if status.since is not None else None
+                previous = None if old is None else old.holder
+                begun.append(NewTerm(key, status.term, status.holder, since, previous))
+        return begun
