@@ -80,7 +80,7 @@ PLAN = (
     Step(5.75, KILL, 1.5),  # SIGKILL the publish leader; it is restarted 1.5 s later
     Step(10.75, SIGTERM, 0.0),  # SIGTERM the next one: a graceful hand-over
 )
-REORDER_SECONDS = 0.1  # output lags this much so that lines come out in time order
+REORDER_SECONDS = 0.15  # output lags this much (terms are polled at 10 Hz): lines in time order
 MARK = "schedlock-demo"  # payload key identifying rows and schedules made by this script
 # The run's settings as the chaos checker needs them (its in-flight windows).
 CONFIG = ChaosConfig(
