@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 import traceback
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -32,9 +33,10 @@ from chaos.faults import FaultRunner
 from chaos.load import SP_API, DirectRows, Expected, ObjectRows, create_schedules
 from chaos.plan import APP_KINDS, plan_faults
 from chaos.stack import Stack, log
-from schedlock.store import StoreError
+from schedlock.store import PublishRecord, StoreError, SweepPosition, open_store
 
 TERMINAL = ("published", "failed", "missed", "cancelled")
+DUMP_PAGE = 1000  # rows per page of the final dump
 
 
 class HarnessError(RuntimeError):
@@ -316,28 +318,38 @@ async def _object_statuses(stack: Stack, config: ChaosConfig, run_info: dict[str
 
 
 async def _dump(stack: Stack, rundir: Path, run_info: dict[str, Any]) -> None:
-    rows = await stack.query(
-        "SELECT p.uid, p.scheduler, p.target, p.state, p.attempts, p.term, p.holder, "
-        "p.last_error, extract(epoch FROM p.due_at)::float8 FROM schedlock_publishes p"
-    )
+    """Every row's final state (``db-final.json``, the checker's ``RunData.db``) and every
+    key's term, through the store's verbs on the current primary."""
+    store = open_store(stack.admin_url, application_name="chaos-dump")
+    try:
+        rows: dict[str, PublishRecord] = {}
+        position = SweepPosition(datetime.fromtimestamp(0, UTC))
+        while True:  # the operator's sweep, from the beginning: every row, page by page
+            page, position = await store.changed_since(position, DUMP_PAGE)
+            rows.update((r.uid, r) for r in page)
+            if len(page) < DUMP_PAGE:
+                break
+        keys = await store.key_status()
+    finally:
+        await store.close()
     db = {
-        str(uid): {
-            "scheduler": sch,
-            "target": tgt,
-            "state": state,
-            "attempts": att,
-            "term": term,
-            "holder": holder,
-            "last_error": err,
-            "due": due,
+        uid: {
+            "scheduler": r.scheduler,
+            "target": r.target,
+            "state": r.state,
+            "attempts": r.attempts,
+            "term": r.term,
+            "holder": r.holder,
+            "last_error": r.last_error,
+            "due": r.due_at.timestamp(),
         }
-        for uid, sch, tgt, state, att, term, holder, err, due in rows
+        for uid, r in rows.items()
     }
     (rundir / "db-final.json").write_text(json.dumps(db))
-    terms = await stack.query(
-        "SELECT scheduler, namespace, target, term, holder FROM schedlock_terms ORDER BY 1, 3"
-    )
-    run_info["terms"] = [list(map(str, t)) for t in terms]
+    terms = sorted(keys, key=lambda k: (k.scheduler, k.target))
+    run_info["terms"] = [
+        [k.scheduler, k.namespace, k.target, str(k.term), str(k.holder)] for k in terms
+    ]
 
 
 def check_only(rundir: Path, verdict_path: Path) -> int:
