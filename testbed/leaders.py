@@ -27,29 +27,43 @@ def leader_of(status: KeyStatus) -> str | None:
     return status.lock_holder if status.lock_holder == status.holder else None
 
 
+def key_of(status: KeyStatus) -> LockKey:
+    return LockKey(status.scheduler, status.namespace, status.target)
+
+
 async def read_leaders(store: Store) -> dict[LockKey, str]:
     """Every led key -> the holder name leading it."""
-    return {
-        LockKey(s.scheduler, s.namespace, s.target): name
-        for s in await store.key_status()
-        if (name := leader_of(s)) is not None
-    }
+    return led(await store.key_status())
 
 
-async def leaders_at(url: str) -> dict[LockKey, str]:
-    """:func:`read_leaders` on a store of its own for ``url`` (one short session)."""
+def led(statuses: Iterable[KeyStatus]) -> dict[LockKey, str]:
+    return {key_of(s): name for s in statuses if (name := leader_of(s)) is not None}
+
+
+async def statuses_at(url: str) -> list[KeyStatus]:
+    """``key_status()`` on a store of its own for ``url`` (one short session)."""
     store = open_store(url, application_name=APPLICATION_NAME)
     try:
-        return await read_leaders(store)
+        return await store.key_status()
     finally:
         await store.close()
 
 
-def leaders(url: str) -> dict[LockKey, str]:
-    """:func:`leaders_at` for synchronous code, from a thread and an event loop of its own, so
-    that a polling predicate may call it inside a running loop too."""
+async def leaders_at(url: str) -> dict[LockKey, str]:
+    """:func:`read_leaders` on a store of its own for ``url``."""
+    return led(await statuses_at(url))
+
+
+def statuses(url: str) -> dict[LockKey, KeyStatus]:
+    """Every key's status, for synchronous code: from a thread and an event loop of its own,
+    so that a polling predicate may call it inside a running loop too."""
     with ThreadPoolExecutor(1, thread_name_prefix="leaders") as pool:
-        return pool.submit(asyncio.run, leaders_at(url)).result()
+        return {key_of(s): s for s in pool.submit(asyncio.run, statuses_at(url)).result()}
+
+
+def leaders(url: str) -> dict[LockKey, str]:
+    """Every led key -> the holder name leading it, for synchronous code."""
+    return led(statuses(url).values())
 
 
 def leader(url: str, key: LockKey) -> str | None:
@@ -86,7 +100,7 @@ class TermWatch:
     def look(self, statuses: Iterable[KeyStatus]) -> list[NewTerm]:
         begun = []
         for status in statuses:
-            key = LockKey(status.scheduler, status.namespace, status.target)
+            key = key_of(status)
             old = self.keys.get(key)
             self.keys[key] = status
             if status.term == 0 or status.holder is None:

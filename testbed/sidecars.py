@@ -292,8 +292,10 @@ class SidecarGroup:
         return [s for s in self.sidecars if s.alive() and s.name == name]
 
     def wait_leader(self, scheduler: str = "publish", timeout: float = 20) -> SidecarProcess:
+        # 10 Hz: key_status() reads pg_locks; polled much faster it slows the hand-over it
+        # waits for (chaos.local has the measurement).
         leaders: list[SidecarProcess] = wait_for(
-            lambda: self.leaders(scheduler), timeout=timeout, what=f"a {scheduler} leader"
+            lambda: self.leaders(scheduler), timeout, 0.1, f"a {scheduler} leader"
         )
         assert len(leaders) == 1, [s.name for s in leaders]
         return leaders[0]

@@ -6,9 +6,10 @@ import signal
 import time
 from pathlib import Path
 
-import psycopg
-
+from schedlock.core.identities import Scheduler
+from schedlock.store import LockKey
 from testbed.checks import assert_duplicates_only_across_crash
+from testbed.leaders import statuses
 from testbed.pg_fixtures import SIDECAR_ROLE, as_role
 from testbed.rows import insert_rows, row_states
 from testbed.sidecars import SidecarGroup, wait_for
@@ -43,11 +44,7 @@ def test_repeated_leader_kills_lose_nothing(tmp_path: Path, migrated_database: s
         assert {str(e["uid"]) for e in entries} == set(uids), "a row was lost"
         assert_duplicates_only_across_crash(entries, crashed=killed)
         # Every kill started a new term (a term may deliver nothing if killed at once).
-        with psycopg.connect(migrated_database, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT term FROM schedlock_terms WHERE scheduler = 'publish' "
-                "AND namespace = 'default' AND target = 'demo'"
-            ).fetchone()
-        assert row is not None and row[0] >= KILLS + 1, row
+        publish = statuses(migrated_database)[LockKey(Scheduler.PUBLISH, "default", "demo")]
+        assert publish.term >= KILLS + 1, publish
     finally:
         group.stop()
