@@ -1,10 +1,10 @@
-"""The connection budget, in-process: leader / standby / reserve against a fake database and
-fake time — the turns of the reserves (pure), each role change, and refused connections.
+"""The connection budget, in-process: leader / standby / reserve against the in-memory store
+and fake time — the turns of the reserves (pure), each role change, and refused connections.
 
-The fake database keeps what PostgreSQL keeps for us: the key's lock with its queue of
-waiters (granted in order when the holder's session ends), the standby places (try-locks), the
-reserve roster and the sessions open.  Replicas are electors sharing it; killing one cancels
-its task, which closes its session as the server would on a SIGKILL.  Time only moves when a
+The in-memory store (``testbed.memory_store``) keeps what PostgreSQL keeps for us: the key's
+lock with its queue of waiters (granted in order when the holder's session ends), the standby
+places (try-locks), the reserve roster and the sessions open.  Replicas are electors sharing
+it; killing one cancels its task, which closes its session as the server would on a SIGKILL.  Time only moves when a
 test advances it, so bounds are asserted exactly, never by sleeping.
 """
 
@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -28,17 +28,9 @@ from schedlock.sidecar.reserve import (
     next_check_in,
     refused_backoff,
 )
-from schedlock.store import (
-    ConnectionsExhausted,
-    Heartbeat,
-    LeadershipLost,
-    LockKey,
-    ReserveRoster,
-    StoreUnavailable,
-    TermStart,
-)
+from schedlock.store import LeadershipLost
+from testbed.memory_store import KEY, MemoryApp, MemorySession, MemoryStore
 
-KEY = LockKey("publish", "default", "demo")
 INTERVAL = 5.0
 BOUND = INTERVAL * (1 + JITTER)
 
@@ -85,7 +77,7 @@ def test_refusal_backoff_doubles_to_a_cap_with_jitter() -> None:
     assert grace(0.5) == 5.0 and grace(30) == 30
 
 
-# -- fake time and a fake database -------------------------------------------------------------
+# -- fake time (the database is testbed.memory_store's) -----------------------------------
 
 
 class FakeTime:
@@ -130,131 +122,6 @@ async def settle() -> None:
 
 
 @dataclass
-class FakeDatabase:
-    time: FakeTime
-    refuse: bool = False
-    connects: int = 0
-    refusals: int = 0
-    sessions: set[FakeSession] = field(default_factory=set)
-    places: dict[int, FakeSession] = field(default_factory=dict)
-    holder: FakeSession | None = None
-    queue: list[tuple[FakeSession, asyncio.Future[None]]] = field(default_factory=list)
-    roster: dict[str, float] = field(default_factory=dict)  # holder -> expires (db clock)
-    term: int = 0
-
-    def lock_session(
-        self, key: LockKey, holder: str, lease_seconds: float, target: object = None
-    ) -> FakeSession:
-        return FakeSession(self, holder)
-
-    def grant_next(self) -> None:
-        while self.holder is None and self.queue:
-            session, granted = self.queue.pop(0)
-            if not granted.done():
-                self.holder = session
-                granted.set_result(None)
-
-    def end(self, session: FakeSession) -> None:
-        """The server side of a session ending: its locks go with it."""
-        self.sessions.discard(session)
-        for place in [p for p, s in self.places.items() if s is session]:
-            del self.places[place]
-        self.queue = [(s, f) for s, f in self.queue if s is not session]
-        if self.holder is session:
-            self.holder = None
-            self.grant_next()
-
-    def live_roster(self) -> list[str]:
-        return sorted(h for h, expires in self.roster.items() if expires > self.time.now)
-
-
-class FakeSession:
-    def __init__(self, db: FakeDatabase, holder: str) -> None:
-        self.db = db
-        self.key = KEY
-        self.holder = holder
-        self.dead = asyncio.Event()
-        self.waiting: asyncio.Future[None] | None = None
-
-    @property
-    def connected(self) -> bool:
-        return self in self.db.sessions
-
-    async def connect(self) -> None:
-        if self.db.refuse:
-            self.db.refusals += 1
-            raise ConnectionsExhausted("FATAL: sorry, too many clients already")
-        self.db.connects += 1
-        self.db.sessions.add(self)
-
-    async def close(self) -> None:
-        self.db.end(self)
-
-    def terminate(self) -> None:
-        """pg_terminate_backend: the session dies under its holder."""
-        self.db.end(self)
-        self.dead.set()
-        if self.waiting is not None and not self.waiting.done():
-            self.waiting.set_exception(StoreUnavailable("terminating connection"))
-
-    async def take_standby_place(self, places: int) -> int | None:
-        for place in range(places):
-            if place not in self.db.places:
-                self.db.places[place] = self
-                return place
-        return None
-
-    async def leave_standby_place(self) -> None:
-        for place in [p for p, s in self.db.places.items() if s is self]:
-            del self.db.places[place]
-
-    async def reserve_roster(self) -> ReserveRoster:
-        others = [h for h in self.db.live_roster() if h != self.holder]
-        rank = sum(1 for h in others if h < self.holder)
-        return ReserveRoster(db_now=self.db.time.now, rank=rank, reserves=len(others) + 1)
-
-    async def enlist_reserve(self, next_check_in: float, grace: float) -> None:
-        self.db.roster[self.holder] = self.db.time.now + next_check_in + grace
-
-    async def leave_reserves(self) -> None:
-        self.db.roster.pop(self.holder, None)
-
-    async def acquire(self, on_holder: object = None) -> None:
-        if self.db.holder is None and not self.db.queue:
-            self.db.holder = self
-            return
-        self.waiting = asyncio.get_running_loop().create_future()
-        self.db.queue.append((self, self.waiting))
-        await self.waiting
-
-    async def lock_key(self, key: LockKey, on_holder: object = None) -> FakeSession:
-        return self  # the target's one key: its lock is the one acquired
-
-    async def begin_term(self) -> TermStart:
-        self.db.term += 1
-        return TermStart(
-            term=self.db.term, previous_holder=None, gap_seconds=None, previous_released=False
-        )
-
-    async def heartbeat(self, term: int) -> Heartbeat:
-        return Heartbeat(alive=True, backlog=0, oldest_due_age=None)
-
-    async def release(self, term: int | None) -> None:
-        self.db.end(self)
-
-    async def listen(self, channel: str, on_payload: object) -> None:
-        return None
-
-
-class AlwaysThere:
-    def __init__(self) -> None:
-        self.reachable = asyncio.Event()
-        self.reachable.set()
-        self.unreachable = asyncio.Event()
-        self.reason = ""
-
-
-@dataclass
 class Replica:
     elector: Elector
     task: asyncio.Task[None]
@@ -276,7 +143,7 @@ class Fleet:
 
     def __init__(self, standbys: int = 2) -> None:
         self.time = FakeTime()
-        self.db = FakeDatabase(self.time)
+        self.db = MemoryStore(clock=self.time.clock)
         self.standbys = standbys
         self.replicas: list[Replica] = []
         self.stopping = asyncio.Event()
@@ -287,25 +154,26 @@ class Fleet:
         async def work(leadership: Leadership, ending: asyncio.Event) -> None:
             led_at.append(self.time.now)
             session = leadership.session
-            assert isinstance(session, FakeSession)
-            dead = asyncio.ensure_future(session.dead.wait())
+            assert isinstance(session, MemorySession)
+            ended = session.root.ended
+            dead = asyncio.ensure_future(ended.wait())
             end = asyncio.ensure_future(ending.wait())
             try:
                 await asyncio.wait([dead, end], return_when=asyncio.FIRST_COMPLETED)
             finally:
                 dead.cancel()
                 end.cancel()
-            if session.dead.is_set():
+            if ended.is_set():
                 raise LeadershipLost("session ended")
 
         elector = Elector(
-            self.db,  # type: ignore[arg-type]
+            self.db,
             (KEY,),
             holder=name,
             timings=LeaseTimings(10, 3),
             metrics=SidecarMetrics(),
             work=work,
-            app=AlwaysThere(),
+            app=MemoryApp(),
             standbys=self.standbys,
             reserve_check_seconds=INTERVAL,
             rng=random.Random(len(self.replicas)),
@@ -427,7 +295,7 @@ async def test_a_standby_whose_session_dies_reconnects_and_competes_again(fleet:
     await start_many(fleet, 4)
     standby = fleet.with_role(Role.STANDBY)[0]
     session = next(s for s, _ in fleet.db.queue if s.holder == standby.elector.holder)
-    session.terminate()
+    fleet.db.end(session)  # pg_terminate_backend: the session dies under its holder
     await fleet.time.advance(1.0)  # its reconnect back-off (0.1 to 0.3 s)
     leaders, standbys, reserves = fleet.census()
     assert (leaders, standbys + reserves) == (1, 3) and standbys <= 2
