@@ -31,8 +31,8 @@ are exact and instant.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
@@ -89,6 +89,18 @@ def _not_kept(verb: str) -> NoReturn:
 
 def _db_clock() -> datetime:
     return DB_EPOCH + timedelta(seconds=now())
+
+
+def publish_record(
+    id_: int, uid: str, *, state: str = "published", generation: int = 1, at: datetime = DB_EPOCH
+) -> PublishRecord:
+    """A one-shot row of namespace ``ns``, named as its uid, that fired once at ``at``."""
+    return PublishRecord(
+        id=id_, scheduler="publish", namespace="ns", name=uid, uid=uid, generation=generation,
+        target="demo", due_at=at, next_attempt_at=at, payload={}, state=state, attempts=1,
+        max_attempts=5, term=1, holder="h", last_status=200, last_error=None, fired_at=at,
+        finished_at=at,
+    )  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -154,6 +166,8 @@ class MemoryStore:
     schedules: dict[str, ScheduleRecord] = field(default_factory=dict)
     sweeps: list[tuple[float, SweepPosition]] = field(default_factory=list)
     reads: list[tuple[float, str, object]] = field(default_factory=list)  # (when, verb, args)
+    # a pruning pass's session (``maintenance``), its verbs as the test scripts them
+    maintenance_session: Maintenance | None = None
 
     # -- what a test does to the database ------------------------------------------------------
 
@@ -216,10 +230,11 @@ class MemoryStore:
         for listener in self.listeners.get(channel, []):
             listener(payload)
 
-    def put(self, record: PublishRecord) -> None:
-        """A row as the sidecars left it, changed now (database clock)."""
+    def put(self, record: PublishRecord, changed_at: datetime | None = None) -> None:
+        """A row as the sidecars left it, changed at ``changed_at`` (default: now, database
+        clock)."""
         self.publishes[record.id] = record
-        self.changed_at[record.id] = self.db_clock()
+        self.changed_at[record.id] = self.db_clock() if changed_at is None else changed_at
 
     def _read(self, verb: str, args: object) -> None:
         self.reads.append((self.clock(), verb, args))
@@ -363,8 +378,11 @@ class MemoryStore:
     async def restore_publish(self, spec: PublishSpec, outcome: RecordedOutcome) -> UpsertResult:
         _not_kept("restore_publish")
 
-    def maintenance(self) -> AbstractAsyncContextManager[Maintenance]:
-        _not_kept("maintenance")
+    @asynccontextmanager
+    async def maintenance(self) -> AsyncIterator[Maintenance]:
+        if self.maintenance_session is None:
+            _not_kept("maintenance")
+        yield self.maintenance_session
 
     async def sync_cursor(self, name: str) -> SyncCursor:
         self.cursor_reads.append(SyncCursor(self.cursors.get(name), self.db_clock()))
