@@ -27,7 +27,7 @@ class Stack(OperatorStack):
     def handled(self, name: str) -> bool:
         obj = self.get(name) or {}
         generation = obj.get("metadata", {}).get("generation")
-        return (obj.get("status") or {}).get("observedGeneration") == generation
+        return bool((obj.get("status") or {}).get("observedGeneration") == generation)
 
     def row(self, uid: str) -> tuple[Any, ...] | None:
         found = self.sql(

@@ -60,7 +60,10 @@ def settled(
         done = len(got) == count and all(s[0] not in ("scheduled", "firing") for s in got.values())
         return got if done else None
 
-    return wait_for(finished, timeout=timeout, what=f"the {count} rows {prefix}-* to finish")
+    settled: dict[str, tuple[str, int, str | None, int | None]] = wait_for(
+        finished, timeout=timeout, what=f"the {count} rows {prefix}-* to finish"
+    )
+    return settled
 
 
 def test_success_is_published_once_and_signed(app: SidecarGroup, migrated_database: str) -> None:

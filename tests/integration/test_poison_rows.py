@@ -169,13 +169,18 @@ def test_a_row_that_keeps_killing_its_leader_is_quarantined(
         tmp_path, url, replicas=1, extra_env={"SCHEDLOCK_REQUEST_TIMEOUT_SECONDS": "60"}
     ).start()
     try:
-        assert group.receiver is not None
-        group.receiver.control(hang=True)
+        receiver = group.receiver
+        assert receiver is not None
+        receiver.control(hang=True)
         insert_rows(url, 1, start_in=0.2, prefix="killer", max_attempts=2)
         for attempt in (1, 2):
             leader = group.wait_leader()
+
+            def in_flight(n: int = attempt) -> bool:
+                return len(receiver.entries()) == n
+
             wait_for(
-                lambda n=attempt: len(group.receiver.entries()) == n,  # type: ignore[union-attr]
+                in_flight,
                 timeout=30,
                 what=f"delivery {attempt} in flight",
             )
@@ -188,6 +193,6 @@ def test_a_row_that_keeps_killing_its_leader_is_quarantined(
         assert (state, attempts) == ("failed", 2)
         assert error is not None and error.startswith("attempt 2 of 2 was cut off")
         time.sleep(0.5)
-        assert len(group.receiver.entries()) == 2, "never delivered a third time"
+        assert len(receiver.entries()) == 2, "never delivered a third time"
     finally:
         group.stop()

@@ -12,6 +12,7 @@ and no sequential scan of schedlock_publishes.  A plan regression fails here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -315,7 +316,7 @@ def test_heartbeats_are_hot_updates_on_full_pages(migrated_database: str) -> Non
         ).fetchone()
         assert pages is not None and pages[0] >= 3
         for key in keys:
-            query = captured(lambda key=key: CapturingLockVerbs(key).heartbeat(TERM))
+            query = captured(functools.partial(CapturingLockVerbs(key).heartbeat, TERM))
             assert conn.execute(Q[query.name], CODEC.encode(query.params)).fetchone()
     deadline = time.monotonic() + 15
     while hot_updates(migrated_database)[0] < len(keys) and time.monotonic() < deadline:
