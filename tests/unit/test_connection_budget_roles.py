@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -92,7 +93,7 @@ class FakeTime:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append((self.now + seconds, done))
         stops = [asyncio.ensure_future(e.wait()) for e in events]
-        waiters: list[asyncio.Future[object]] = [done, *stops]  # type: ignore[list-item]
+        waiters: list[asyncio.Future[Any]] = [done, *stops]
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -212,7 +213,7 @@ class Fleet:
 
 
 @pytest.fixture
-async def fleet() -> Iterator[Fleet]:  # type: ignore[misc]
+async def fleet() -> AsyncIterator[Fleet]:
     subject = Fleet()
     yield subject
     await subject.stop()
