@@ -1,11 +1,12 @@
 """The connection budget, in-process: leader / standby / reserve against the in-memory store
-and fake time — the turns of the reserves (pure), each role change, and refused connections.
+and virtual time — the turns of the reserves (pure), each role change, and refused connections.
 
 The in-memory store (``testbed.memory_store``) keeps what PostgreSQL keeps for us: the key's
 lock with its queue of waiters (granted in order when the holder's session ends), the standby
 places (try-locks), the reserve roster and the sessions open.  Replicas are electors sharing
-it; killing one cancels its task, which closes its session as the server would on a SIGKILL.  Time only moves when a
-test advances it, so bounds are asserted exactly, never by sleeping.
+it; killing one cancels its task, which closes its session as the server would on a SIGKILL.
+They run on virtual time (``testbed.virtual_time``): a wait of the elector or a test's
+``asyncio.sleep`` takes no real time, so bounds are asserted exactly.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from schedlock.core.aio import now
 from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.lock import Elector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
@@ -31,6 +33,7 @@ from schedlock.sidecar.reserve import (
 )
 from schedlock.store import LeadershipLost
 from testbed.memory_store import KEY, MemoryApp, MemorySession, MemoryStore
+from testbed.virtual_time import quiet, run
 
 INTERVAL = 5.0
 BOUND = INTERVAL * (1 + JITTER)
@@ -39,12 +42,12 @@ BOUND = INTERVAL * (1 + JITTER)
 
 
 def test_a_turn_is_strictly_ahead_and_within_one_rotation() -> None:
-    for now in (1000.0, 1002.5, 1004.999, 1005.0):
+    for at in (1000.0, 1002.5, 1004.999, 1005.0):
         for reserves in (1, 3, 50):
             for rank in range(reserves):
-                wait = next_check_in(now, rank=rank, reserves=reserves, interval=5, draw=0)
+                wait = next_check_in(at, rank=rank, reserves=reserves, interval=5, draw=0)
                 assert 0 < wait <= reserves * 5
-                assert ((now + wait) / 5) % reserves == pytest.approx(rank, abs=1e-6)
+                assert ((at + wait) / 5) % reserves == pytest.approx(rank, abs=1e-6)
 
 
 def test_the_reserves_together_check_once_per_interval_whatever_their_number() -> None:
@@ -78,48 +81,7 @@ def test_refusal_backoff_doubles_to_a_cap_with_jitter() -> None:
     assert grace(0.5) == 5.0 and grace(30) == 30
 
 
-# -- fake time (the database is testbed.memory_store's) -----------------------------------
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.waiters: list[tuple[float, asyncio.Future[None]]] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float, *events: asyncio.Event) -> None:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters.append((self.now + seconds, done))
-        stops = [asyncio.ensure_future(e.wait()) for e in events]
-        waiters: list[asyncio.Future[Any]] = [done, *stops]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for stop in stops:
-                stop.cancel()
-
-    async def advance(self, seconds: float) -> None:
-        """Move time forward, waking each sleeper at its own deadline, in order."""
-        end = self.now + seconds
-        while True:
-            await settle()
-            due = sorted((d for d, f in self.waiters if not f.done() and d <= end))
-            if not due:
-                break
-            self.now = max(self.now, due[0])
-            for deadline, fut in self.waiters:
-                if deadline <= self.now and not fut.done():
-                    fut.set_result(None)
-        self.now = end
-        self.waiters = [(d, f) for d, f in self.waiters if not f.done()]
-        await settle()
-
-
-async def settle() -> None:
-    for _ in range(30):
-        await asyncio.sleep(0)
+# -- replicas on virtual time (the database is testbed.memory_store's) ----------------------
 
 
 @dataclass
@@ -140,11 +102,10 @@ class Replica:
 
 
 class Fleet:
-    """Replicas of one app, sharing the fake database and fake time."""
+    """Replicas of one app, sharing the in-memory store and the loop's virtual time."""
 
     def __init__(self, standbys: int = 2) -> None:
-        self.time = FakeTime()
-        self.db = MemoryStore(clock=self.time.clock)
+        self.db = MemoryStore()
         self.standbys = standbys
         self.replicas: list[Replica] = []
         self.stopping = asyncio.Event()
@@ -153,7 +114,7 @@ class Fleet:
         led_at: list[float] = []
 
         async def work(leadership: Leadership, ending: asyncio.Event) -> None:
-            led_at.append(self.time.now)
+            led_at.append(now())
             session = leadership.session
             assert isinstance(session, MemorySession)
             ended = session.root.ended
@@ -178,8 +139,6 @@ class Fleet:
             standbys=self.standbys,
             reserve_check_seconds=INTERVAL,
             rng=random.Random(len(self.replicas)),
-            clock=self.time.clock,
-            sleep=self.time.sleep,
         )
         replica = Replica(elector, asyncio.create_task(elector.run(self.stopping)), led_at)
         self.replicas.append(replica)
@@ -192,7 +151,7 @@ class Fleet:
         await asyncio.gather(*(r.task for r in replicas), return_exceptions=True)
         for replica in replicas:
             self.replicas.remove(replica)
-        await settle()
+        await quiet()
 
     def with_role(self, role: Role) -> list[Replica]:
         return [r for r in self.replicas if r.role is role]
@@ -207,35 +166,43 @@ class Fleet:
     async def stop(self) -> None:
         self.stopping.set()
         await asyncio.gather(*(r.task for r in self.replicas), return_exceptions=True)
-        for _, fut in self.time.waiters:
-            fut.cancel()
-        await settle()  # the cancelled helper waits finish
 
 
-@pytest.fixture
-async def fleet() -> AsyncIterator[Fleet]:
-    subject = Fleet()
-    yield subject
-    await subject.stop()
+def on_virtual_time(test: Callable[[Fleet], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """The test, run on a virtual-time loop (``testbed.virtual_time``) with a fleet of its own."""
+
+    def run_test() -> None:
+        async def main() -> None:
+            fleet = Fleet()
+            try:
+                await test(fleet)
+            finally:
+                await fleet.stop()
+
+        run(main())
+
+    run_test.__name__, run_test.__doc__ = test.__name__, test.__doc__
+    return run_test
 
 
 async def start_many(fleet: Fleet, count: int, *, settled: bool = True) -> list[Replica]:
     """Start ``count`` replicas; ``settled``: let the first turns fill the standby places (the
     first leader gives its place back as it takes the lock)."""
     replicas = [fleet.start(f"app-{i:02d}") for i in range(count)]
-    await settle()
+    await quiet()
     if settled:
-        await fleet.time.advance(2 * BOUND)
+        await asyncio.sleep(2 * BOUND)
     return replicas
 
 
 # -- the roles ----------------------------------------------------------------------------------
 
 
+@on_virtual_time
 async def test_sessions_are_bounded_by_one_plus_standbys(fleet: Fleet) -> None:
     await start_many(fleet, 10, settled=False)
     assert fleet.census() == (1, 1, 8), "the first leader gave its standby place back"
-    await fleet.time.advance(BOUND)
+    await asyncio.sleep(BOUND)
     assert fleet.census() == (1, 2, 7), "and a reserve took it at its turn"
     assert len(fleet.db.sessions) == 3, "leader + 2 standbys; reserves hold none"
     assert sorted(fleet.db.places) == [0, 1]
@@ -252,86 +219,92 @@ async def test_sessions_are_bounded_by_one_plus_standbys(fleet: Fleet) -> None:
     assert sessions == 1
 
 
+@on_virtual_time
 async def test_reserves_together_check_about_once_per_interval(fleet: Fleet) -> None:
     await start_many(fleet, 20, settled=False)
     first = fleet.db.connects
     assert first == 20, "everyone checks once at start"
-    await fleet.time.advance(20 * INTERVAL)  # a settled roster after the first rotation
+    await asyncio.sleep(20 * INTERVAL)  # a settled roster after the first rotation
     before = fleet.db.connects
-    await fleet.time.advance(100.0)
+    await asyncio.sleep(100.0)
     checks = fleet.db.connects - before
     assert 100 / BOUND - 2 <= checks <= 100 / INTERVAL + 2, checks
     assert fleet.census() == (1, 2, 17)
 
 
+@on_virtual_time
 async def test_standby_takes_over_at_once_and_a_reserve_fills_its_place(fleet: Fleet) -> None:
     await start_many(fleet, 5)
     leader = fleet.with_role(Role.LEADING)[0]
     first_standby = fleet.db.queue[0][0].holder
-    killed_at = fleet.time.now
+    killed_at = now()
     await fleet.kill(leader)
     new_leader = fleet.with_role(Role.LEADING)[0]
     assert new_leader.elector.holder == first_standby
     assert new_leader.led_at == [killed_at], "granted the moment the session ended"
     assert fleet.census() == (1, 1, 2), "the new leader gave its standby place back"
     assert len(fleet.db.places) == 1
-    await fleet.time.advance(BOUND)
+    await asyncio.sleep(BOUND)
     assert fleet.census() == (1, 2, 1), "reserve -> standby within one interval"
     assert all(
         r.elector.holder not in fleet.db.live_roster() for r in fleet.with_role(Role.STANDBY)
     )
 
 
+@on_virtual_time
 async def test_a_lost_standby_is_replaced_within_the_interval(fleet: Fleet) -> None:
     await start_many(fleet, 5)
     standby = fleet.with_role(Role.STANDBY)[0]
     await fleet.kill(standby)
     assert fleet.census() == (1, 1, 2)
-    await fleet.time.advance(BOUND)
+    await asyncio.sleep(BOUND)
     assert fleet.census() == (1, 2, 1)
     assert len(fleet.db.sessions) == 3
 
 
+@on_virtual_time
 async def test_a_standby_whose_session_dies_reconnects_and_competes_again(fleet: Fleet) -> None:
     await start_many(fleet, 4)
     standby = fleet.with_role(Role.STANDBY)[0]
     session = next(s for s, _ in fleet.db.queue if s.holder == standby.elector.holder)
     fleet.db.end(session)  # pg_terminate_backend: the session dies under its holder
-    await fleet.time.advance(1.0)  # its reconnect back-off (0.1 to 0.3 s)
+    await asyncio.sleep(1.0)  # its reconnect back-off (0.1 to 0.3 s)
     leaders, standbys, reserves = fleet.census()
     assert (leaders, standbys + reserves) == (1, 3) and standbys <= 2
     assert len(fleet.db.sessions) <= 3
 
 
+@on_virtual_time
 async def test_leader_and_every_standby_lost_at_once(fleet: Fleet) -> None:
     await start_many(fleet, 12)
-    await fleet.time.advance(12 * INTERVAL)  # settled turns
+    await asyncio.sleep(12 * INTERVAL)  # settled turns
     gone = fleet.with_role(Role.LEADING) + fleet.with_role(Role.STANDBY)
     assert len(gone) == 3
-    killed_at = fleet.time.now
+    killed_at = now()
     await fleet.kill(*gone)
     assert fleet.census() == (0, 0, 9), "nobody holds a session: the reserves' turns decide"
-    await fleet.time.advance(BOUND)
+    await asyncio.sleep(BOUND)
     leaders = fleet.with_role(Role.LEADING)
     assert len(leaders) == 1
     took = leaders[0].led_at[0] - killed_at
     assert 0 < took <= BOUND, took
-    await fleet.time.advance(2 * BOUND)
+    await asyncio.sleep(2 * BOUND)
     assert fleet.census() == (1, 2, 6), "and the standby places fill again, one per turn"
 
 
+@on_virtual_time
 async def test_refused_connections_back_off_with_jitter_and_say_so(fleet: Fleet) -> None:
     await start_many(fleet, 4)
-    await fleet.time.advance(4 * INTERVAL)
+    await asyncio.sleep(4 * INTERVAL)
     reserve = fleet.with_role(Role.RESERVE)[0]
     fleet.db.refuse = True
     await fleet.kill(*fleet.with_role(Role.STANDBY))
     attempts: list[float] = []
     before = fleet.db.refusals
     for _ in range(40):
-        await fleet.time.advance(1.0)
+        await asyncio.sleep(1.0)
         if fleet.db.refusals > before:
-            attempts.append(fleet.time.now)
+            attempts.append(now())
             before = fleet.db.refusals
     assert reserve.role is Role.RESERVE and reserve.elector.refused
     assert "too many clients" in (reserve.elector.refused or "")
@@ -344,6 +317,6 @@ async def test_refused_connections_back_off_with_jitter_and_say_so(fleet: Fleet)
     assert sorted(gaps) == gaps or len(set(gaps)) > 1, "growing or spread, never a fixed storm"
     assert fleet.census()[0] == 1, "the leader keeps its session all along"
     fleet.db.refuse = False
-    await fleet.time.advance(REFUSED_CAP * 1.5 + 10 * INTERVAL)
+    await asyncio.sleep(REFUSED_CAP * 1.5 + 10 * INTERVAL)
     assert fleet.census() == (1, 1, 0), "the one reserve left took a standby place"
     assert all(r.elector.refused is None for r in fleet.replicas)

@@ -22,7 +22,7 @@ from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.store import Channel, FireRow, LeadershipLost
 from testbed.memory_store import KEY, MemoryApp, MemoryStore
-from testbed.virtual_time import run
+from testbed.virtual_time import quiet, run
 
 STEP_DOWN = 8.0
 
@@ -98,10 +98,6 @@ async def heartbeats(leadership: Leadership) -> None:
         leadership.last_heartbeat_ok = now()
 
 
-async def settle() -> None:
-    await asyncio.sleep(0.001)
-
-
 # -- the tests ----------------------------------------------------------------------------------
 
 
@@ -132,11 +128,11 @@ def test_notify_for_this_key_wakes_the_loop_at_once_and_others_do_not() -> None:
         # nor garbage (anyone may NOTIFY the channel): ignored, never raised into the pump
         for garbage in ("x" * 7000, '{"ids":[1e999]}', "publish/default", b"\xff/default/demo"):
             rows.notify(Channel.ROWS, garbage)
-        await settle()
+        await quiet()
         assert len(rows.claims) == claims and app.started == [], "not our key: no wake-up"
         woken = now()
         rows.notify(Channel.ROWS, "publish/default/demo")
-        await settle()
+        await quiet()
         assert [(round(at - woken, 3), n) for at, n in app.started] == [(0, 1)]
         await term.stop()
 
