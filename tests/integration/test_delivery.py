@@ -292,9 +292,10 @@ def test_metacharacters_round_trip_intact(app: SidecarGroup, migrated_database: 
         payload=payload,
     )
     asyncio.run(open_store(migrated_database).upsert_publish(spec))
-    assert app.receiver is not None
+    receiver = app.receiver
+    assert receiver is not None
     [entry] = wait_for(
-        lambda: [e for e in app.receiver.entries() if e["uid"] == spec.uid],  # type: ignore[union-attr]
+        lambda: [e for e in receiver.entries() if e["uid"] == spec.uid],
         timeout=15,
         what="the weird row",
     )

@@ -85,6 +85,8 @@ def test_poison_rows_fail_alone_and_the_good_ones_fire_on_time(
         tmp_path, as_role(url, SIDECAR_ROLE), replicas=1, extra_env={"SCHEDLOCK_MIGRATE": "off"}
     ).start()
     try:
+        receiver = group.receiver
+        assert receiver is not None
         leader = group.wait_leader()
         # All due in the same instant: one claim batch holds the poison and the good rows.
         due_in = 3.0
@@ -95,7 +97,7 @@ def test_poison_rows_fail_alone_and_the_good_ones_fire_on_time(
         uids = insert_rows(url, GOOD, start_in=due_in, spacing=0.0, prefix="good")
         wait_for(lambda: finished(url, "deep") and finished(url, "big"), timeout=30, what="poison")
         wait_for(
-            lambda: len({e["uid"] for e in group.receiver.entries()}) >= GOOD,  # type: ignore[union-attr]
+            lambda: len({e["uid"] for e in receiver.entries()}) >= GOOD,
             timeout=30,
             what="every good row delivered",
         )
