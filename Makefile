@@ -68,6 +68,7 @@ lint: venv ## ruff, mypy --strict, import contracts, yamllint, hadolint, helm li
 	@echo "==> mypy --strict"
 	@$(VENV)/bin/mypy -p schedlock
 	@$(VENV)/bin/mypy --strict --explicit-package-bases bench monitoring chaos
+	@$(VENV)/bin/mypy --strict --explicit-package-bases tests testbed
 	@echo "==> import-linter"
 	@$(VENV)/bin/lint-imports --no-cache
 	@echo "==> yamllint"

@@ -30,11 +30,11 @@ def pg_schema(url: str, schema: str = DEFAULT_SCHEMA) -> dict[str, set[str]]:
             "AND indexname NOT LIKE '%%_key'",
             (schema,),
         ).fetchall()
-    schema: dict[str, set[str]] = {}
+    tables: dict[str, set[str]] = {}
     for table, column in rows:
-        schema.setdefault(table, set()).add(column)
-    schema["<indexes>"] = {i for (i,) in indexes}
-    return schema
+        tables.setdefault(table, set()).add(column)
+    tables["<indexes>"] = {i for (i,) in indexes}
+    return tables
 
 
 def sqlite_schema(path: Path) -> dict[str, set[str]]:

@@ -7,7 +7,8 @@ which the elector and the kit read) says exactly how much virtual time went by. 
 code that does no real I/O: a loop that would block with no timer pending raises instead of
 hanging the test.
 
-``run(main())`` runs a coroutine on a fresh virtual-time loop, starting at ``START``.
+``run(main())`` runs a coroutine on a fresh virtual-time loop, starting at ``START``;
+``await quiet()`` returns once nothing more can run at this instant (the clock stands still).
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ class _Selector(selectors.DefaultSelector):
         ready = super().select(0)  # the loop's own wake-up pipe; no test does real I/O
         if ready or timeout == 0:
             return ready
+        if self.loop.quiet_waiters:
+            # Nothing can run at this instant: wake those waiting for that, before the clock
+            # moves (their callbacks run in this same turn of the loop).
+            waiters, self.loop.quiet_waiters = self.loop.quiet_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            return []
         if timeout is None:
             raise Stuck("no task can run and no timer is pending: the test would hang")
         # Jump to the next timer, and always forward: a timeout below the clock's precision
@@ -46,6 +55,7 @@ class _Selector(selectors.DefaultSelector):
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self.now = START
+        self.quiet_waiters: list[asyncio.Future[None]] = []
         super().__init__(_Selector(self))
 
     def time(self) -> float:
@@ -60,6 +70,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if scheduled and scheduled[0].when() <= self.now + resolution:
             self.now = max(self.now, scheduled[0].when())
         super()._run_once()  # type: ignore[misc]
+
+
+async def quiet() -> None:
+    """Wait until every task has done all it can at this instant: the clock does not move."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, VirtualTimeLoop):
+        raise RuntimeError("quiet() needs the virtual-time loop (testbed.virtual_time.run)")
+    waiter = loop.create_future()
+    loop.quiet_waiters.append(waiter)
+    await waiter
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

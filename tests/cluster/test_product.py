@@ -153,6 +153,7 @@ def test_injected_app_fires_a_scheduledpublish(product: Product) -> None:
             return status.get("phase") if status.get("phase") == "Published" else None
 
         wait_for(phase, 90, 0.2, f"ScheduledPublish {name} to be Published")
+        assert product.recorder is not None
         got = [r for r in product.recorder.records() if _record_name(r) == name]
         assert len(got) == 1, got
         printed = product.cluster.kubectl("get", "sp", "-n", namespace).stdout
@@ -209,6 +210,7 @@ def _all_published(
     """Wait for every row of PREFIX to settle, judge what arrived, record it under NAME; nothing
     may be lost and every row must be published."""
     outcomes = wait_settled(product.database.host_url, prefix, len(uids), timeout=120)
+    assert product.recorder is not None
     deliveries = product.recorder.deliveries(prefix)
     result = verdict(uids, outcomes, deliveries)
     record_property(name, result.as_json())

@@ -115,7 +115,9 @@ def judge(
     stored: dict[str, tuple[str, float]] | None = None,
 ) -> dict[str, int]:
     """``stored``: uid -> (kind, seconds) of rows the harness stored at that time."""
-    rows = {u: {"kind": "row", "uid": u, "target": "alpha", "due": None} for u in expected or []}
+    rows: dict[str, dict[str, Any]] = {
+        u: {"kind": "row", "uid": u, "target": "alpha", "due": None} for u in expected or []
+    }
     for uid, (kind, t) in (stored or {}).items():
         rows[uid] = {"kind": kind, "uid": uid, "target": "alpha", "due": None, "stored": T0 + t}
     data = RunData(

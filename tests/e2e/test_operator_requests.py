@@ -93,8 +93,15 @@ def test_an_object_costs_the_operator_at_most_four_requests(
     for name in ("first", "second"):
         before = apiserver_requests(stack.kube)
         uid = create(api, name, 1)
-        wait_for(lambda u=uid: u in watch.published, timeout=30, what=f"{name} Published")
-        wait_for(lambda n=name: "Published" in stack.events(n), timeout=15, what="the Event")
+
+        def published(u: str = uid) -> bool:
+            return u in watch.published
+
+        def evented(n: str = name) -> bool:
+            return "Published" in stack.events(n)
+
+        wait_for(published, timeout=30, what=f"{name} Published")
+        wait_for(evented, timeout=15, what="the Event")
         spent = stack.spent(before)
         assert spent.pop("POST scheduledpublishes") == 1  # the test's create
         assert sum(spent.values()) <= PER_OBJECT, spent

@@ -129,8 +129,12 @@ def fired(
 def wait_fired(group: SidecarGroup, holders: str, since: float, rows: int = 10) -> None:
     """Both keys firing: ``rows`` one-shot deliveries and a slot by ``holders``-… after ``since``."""
     for scheduler, count in ((Scheduler.PUBLISH, rows), (Scheduler.RECURRING, 1)):
+
+        def enough(s: Scheduler = scheduler, c: int = count) -> bool:
+            return len(fired(group, s, holders, since)) >= c
+
         wait_for(
-            lambda s=scheduler, c=count: len(fired(group, s, holders, since)) >= c,
+            enough,
             timeout=30,
             what=f"{scheduler} deliveries by the {holders} sidecars",
         )
@@ -175,10 +179,12 @@ def roll_over(group: SidecarGroup, killed: set[str]) -> float:
             group.receiver.control(delay=0)
         else:
             assert victim.wait(15) == 0, victim.log_text()[-2000:]
+
+        def by_the_next(t: float = signalled_at, v: str = victim.name) -> bool:
+            return any(e["holder"] != v and float(e["arrival"]) > t for e in deliveries(group))
+
         wait_for(
-            lambda t=signalled_at, v=victim.name: any(
-                e["holder"] != v and float(e["arrival"]) > t for e in deliveries(group)
-            ),
+            by_the_next,
             timeout=20,
             what=f"deliveries by the next leader after {victim.name}",
         )

@@ -597,9 +597,11 @@ def _take_the_lock_from_b(
         if holder == pid:
             break
         fetch(tenancy.admin, "SELECT pg_terminate_backend(%s)", holder)
-        wait_for(
-            lambda gone=holder: _holder_pid(tenancy) != gone, timeout=30, what="B's leader gone"
-        )
+
+        def gone(was: int | None = holder) -> bool:
+            return _holder_pid(tenancy) != was
+
+        wait_for(gone, timeout=30, what="B's leader gone")
     else:
         pytest.fail("A's session never got B's key")
     locked.join(10)
@@ -665,8 +667,12 @@ def test_a_holding_bs_lock_by_hand_is_named_everywhere_until_an_admin_ends_it(
     assert sorted(u for u in uids if u.startswith("sq-")) == [f"sq-{i}" for i in range(SQ_ROWS)]
     assert sorted(u for u in uids if u.startswith("b-")) == sorted(f"b-{i}" for i in range(B_ROWS))
     for sidecar in team_b:
+
+        def ready(s: SidecarProcess = sidecar) -> bool:
+            return _readyz(s) == (200, "ok")
+
         wait_for(
-            lambda s=sidecar: _readyz(s) == (200, "ok"),
+            ready,
             timeout=30,
             what=f"{sidecar.name}'s /readyz back to ok",
         )

@@ -60,7 +60,10 @@ def settled(
         done = len(got) == count and all(s[0] not in ("scheduled", "firing") for s in got.values())
         return got if done else None
 
-    return wait_for(finished, timeout=timeout, what=f"the {count} rows {prefix}-* to finish")
+    settled: dict[str, tuple[str, int, str | None, int | None]] = wait_for(
+        finished, timeout=timeout, what=f"the {count} rows {prefix}-* to finish"
+    )
+    return settled
 
 
 def test_success_is_published_once_and_signed(app: SidecarGroup, migrated_database: str) -> None:
@@ -289,9 +292,10 @@ def test_metacharacters_round_trip_intact(app: SidecarGroup, migrated_database: 
         payload=payload,
     )
     asyncio.run(open_store(migrated_database).upsert_publish(spec))
-    assert app.receiver is not None
+    receiver = app.receiver
+    assert receiver is not None
     [entry] = wait_for(
-        lambda: [e for e in app.receiver.entries() if e["uid"] == spec.uid],  # type: ignore[union-attr]
+        lambda: [e for e in receiver.entries() if e["uid"] == spec.uid],
         timeout=15,
         what="the weird row",
     )

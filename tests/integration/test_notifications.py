@@ -18,10 +18,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from schedlock.core.logs import Event, records
 from schedlock.store import Channel, open_store
-from schedlock.store.postgres import _undecodable_notifications
+from schedlock.store.postgres import QuietConnection, _undecodable_notifications
 from testbed.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, with_dbname
 from testbed.rows import insert_rows, wait_published
 from testbed.sidecars import SidecarGroup
@@ -122,9 +123,11 @@ def test_statements_on_a_listening_connection_survive_undecodable_notifications(
     undecodable: list[bytes] = []
 
     async def body() -> None:
-        conn = await psycopg.AsyncConnection.connect(sql_ascii_database, autocommit=True)
+        conn = await QuietConnection.connect(
+            sql_ascii_database, autocommit=True, row_factory=dict_row
+        )  # a session's connection class, as the store opens it
         try:
-            _undecodable_notifications(conn, undecodable.append)  # type: ignore[arg-type]
+            _undecodable_notifications(conn, undecodable.append)
             await conn.execute("LISTEN schedlock_rows")
             for _ in range(3):
                 await asyncio.to_thread(notify_bytes, sql_ascii_database, BYTE_GARBAGE)

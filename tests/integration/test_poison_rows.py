@@ -85,6 +85,8 @@ def test_poison_rows_fail_alone_and_the_good_ones_fire_on_time(
         tmp_path, as_role(url, SIDECAR_ROLE), replicas=1, extra_env={"SCHEDLOCK_MIGRATE": "off"}
     ).start()
     try:
+        receiver = group.receiver
+        assert receiver is not None
         leader = group.wait_leader()
         # All due in the same instant: one claim batch holds the poison and the good rows.
         due_in = 3.0
@@ -95,7 +97,7 @@ def test_poison_rows_fail_alone_and_the_good_ones_fire_on_time(
         uids = insert_rows(url, GOOD, start_in=due_in, spacing=0.0, prefix="good")
         wait_for(lambda: finished(url, "deep") and finished(url, "big"), timeout=30, what="poison")
         wait_for(
-            lambda: len({e["uid"] for e in group.receiver.entries()}) >= GOOD,  # type: ignore[union-attr]
+            lambda: len({e["uid"] for e in receiver.entries()}) >= GOOD,
             timeout=30,
             what="every good row delivered",
         )
@@ -169,13 +171,18 @@ def test_a_row_that_keeps_killing_its_leader_is_quarantined(
         tmp_path, url, replicas=1, extra_env={"SCHEDLOCK_REQUEST_TIMEOUT_SECONDS": "60"}
     ).start()
     try:
-        assert group.receiver is not None
-        group.receiver.control(hang=True)
+        receiver = group.receiver
+        assert receiver is not None
+        receiver.control(hang=True)
         insert_rows(url, 1, start_in=0.2, prefix="killer", max_attempts=2)
         for attempt in (1, 2):
             leader = group.wait_leader()
+
+            def in_flight(n: int = attempt) -> bool:
+                return len(receiver.entries()) == n
+
             wait_for(
-                lambda n=attempt: len(group.receiver.entries()) == n,  # type: ignore[union-attr]
+                in_flight,
                 timeout=30,
                 what=f"delivery {attempt} in flight",
             )
@@ -188,6 +195,6 @@ def test_a_row_that_keeps_killing_its_leader_is_quarantined(
         assert (state, attempts) == ("failed", 2)
         assert error is not None and error.startswith("attempt 2 of 2 was cut off")
         time.sleep(0.5)
-        assert len(group.receiver.entries()) == 2, "never delivered a third time"
+        assert len(receiver.entries()) == 2, "never delivered a third time"
     finally:
         group.stop()

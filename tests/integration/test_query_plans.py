@@ -12,9 +12,10 @@ and no sequential scan of schedlock_publishes.  A plan regression fails here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,7 @@ import pytest
 from psycopg import sql
 
 from schedlock.store import Completion, LockKey, open_store
-from schedlock.store.postgres import CODEC, Q
+from schedlock.store.postgres import CODEC, PostgresConnector, PostgresSession, Q
 from schedlock.store.rows import Params, Row
 from schedlock.store.verbs import LockVerbs, SqlStore
 from testbed.pg_fixtures import PostgresService
@@ -64,24 +65,34 @@ class CapturingLockVerbs(LockVerbs):
         return 0
 
 
-class CapturingSession:
-    fetch = staticmethod(_capture)
-    execute = staticmethod(_capture)
+class CapturingSession(PostgresSession):
+    """A session with no connection: its first query is captured, and ends the verb."""
+
+    def __init__(self) -> None:
+        pass  # no connection to keep
+
+    async def fetch(self, name: str, params: Params) -> list[Row]:
+        return await _capture(name, params)
+
+    async def execute(self, name: str, params: Params) -> int:
+        await _capture(name, params)
+        return 0
 
 
-class CapturingConnector:
-    """Enough of a connector for SqlStore's read and admin verbs to build their queries."""
+class CapturingConnector(PostgresConnector):
+    """The PostgreSQL connector, whose sessions capture the query instead of running it."""
 
-    codec, dialect, always_leader, url = CODEC, "postgres", False, "postgresql://capture"
+    def __init__(self) -> None:
+        super().__init__("postgresql://capture", application_name="plan-test")
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[CapturingSession]:
+    async def session(self) -> AsyncIterator[PostgresSession]:
         yield CapturingSession()
 
 
-def captured(verb: Callable[[], Awaitable[object]]) -> Captured:
+def captured(verb: Callable[[], Coroutine[Any, Any, object]]) -> Captured:
     try:
-        asyncio.run(verb())  # type: ignore[arg-type]
+        asyncio.run(verb())
     except Captured as query:
         return query
     raise AssertionError("the verb ran no query")
@@ -89,14 +100,14 @@ def captured(verb: Callable[[], Awaitable[object]]) -> Captured:
 
 LOCK = CapturingLockVerbs(PUBLISH)
 SLOTS = CapturingLockVerbs(RECURRING)
-STORE = SqlStore(CapturingConnector())  # type: ignore[arg-type]
+STORE = SqlStore(CapturingConnector())
 
 CLAIM, FIRING = "schedlock_publishes_claim", "schedlock_publishes_firing"
 UNFIRED, BY_SCHEDULE = "schedlock_publishes_unfired_slots", "schedlock_publishes_schedule"
 PKEY = "schedlock_publishes_pkey"
 # verb -> the indexes of schedlock_publishes its plan may use: live-row indexes (claim, firing,
 # unfired_slots), the primary key for rows named by id, the probe of one schedule's latest slot.
-HOT_PATH: dict[str, tuple[Callable[[], Awaitable[object]], set[str]]] = {
+HOT_PATH: dict[str, tuple[Callable[[], Coroutine[Any, Any, object]], set[str]]] = {
     "heartbeat": (lambda: LOCK.heartbeat(TERM), {CLAIM, FIRING}),
     "heartbeat_recurring": (lambda: SLOTS.heartbeat(TERM), {CLAIM, FIRING}),
     "claim_due": (lambda: LOCK.claim_due(TERM, 10), {CLAIM, PKEY}),
@@ -315,7 +326,7 @@ def test_heartbeats_are_hot_updates_on_full_pages(migrated_database: str) -> Non
         ).fetchone()
         assert pages is not None and pages[0] >= 3
         for key in keys:
-            query = captured(lambda key=key: CapturingLockVerbs(key).heartbeat(TERM))
+            query = captured(functools.partial(CapturingLockVerbs(key).heartbeat, TERM))
             assert conn.execute(Q[query.name], CODEC.encode(query.params)).fetchone()
     deadline = time.monotonic() + 15
     while hot_updates(migrated_database)[0] < len(keys) and time.monotonic() < deadline:

@@ -130,8 +130,8 @@ def served(url: str, login: str, set_role: str | None = None) -> frozenset[str]:
         if reaches_nothing(conn):
             return frozenset()
         row = conn.execute("SELECT schedlock_served_namespaces(current_user)").fetchone()
-    assert row is not None
-    answer = set(row[0])
+    assert row is not None and isinstance(row[0], list)
+    answer = {str(name) for name in row[0]}
     return EVERY_NAMESPACE if "*" in answer else frozenset(answer)
 
 

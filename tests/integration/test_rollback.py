@@ -52,13 +52,13 @@ class Databases:
             with psycopg.connect(url, autocommit=True) as conn:
                 cur = conn.execute(statement, params)
                 return cur.fetchall() if cur.description else []
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        db = sqlite3.connect(url.removeprefix("sqlite:///"))
         try:
-            rows = conn.execute(statement.replace("%s", "?"), params).fetchall()
-            conn.commit()
+            rows = db.execute(statement.replace("%s", "?"), params).fetchall()
+            db.commit()
             return rows
         finally:
-            conn.close()
+            db.close()
 
     def drop(self) -> None:
         if self.dialect == "postgres":

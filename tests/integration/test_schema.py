@@ -43,7 +43,7 @@ def tables_in(url: str, schema: str) -> set[str]:
 def publish(url: str, name: str, **env: str) -> None:
     done = cli(
         "publish", "--target", "demo", "--name", name, "--at", "+0s", "--payload", "{}",
-        url=url, **env,
+        url=url, timeout=60, **env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
 
@@ -116,7 +116,7 @@ def test_a_configured_schema_and_one_install_per_database(
     a component configured for another schema says where the install is (a second install
     would share the database's advisory locks and channels: `migrate` refuses it)."""
     url, jobs = bare_database, {"SCHEDLOCK_DATABASE_SCHEMA": "jobs"}
-    done = cli("migrate", url=url, **jobs)
+    done = cli("migrate", url=url, timeout=60, **jobs)
     assert done.returncode == 0, done.stderr
     assert "in PostgreSQL schema jobs" in done.stdout
     assert "schedlock_publishes" in tables_in(url, "jobs")
@@ -191,9 +191,9 @@ def test_a_role_without_usage_on_the_schema_is_told_so(
             role,
             ["USAGE on schema schedlock"],
         )
-        status = cli("status", url=as_role(url, role))
-        assert status.returncode == 1
-        assert "USAGE on schema" in status.stderr and "Traceback" not in status.stderr
+        done = cli("status", url=as_role(url, role))
+        assert done.returncode == 1
+        assert "USAGE on schema" in done.stderr and "Traceback" not in done.stderr
     finally:
         postgres.execute(f"DROP OWNED BY {role}", url=url)
         postgres.execute(f"DROP ROLE {role}")

@@ -117,8 +117,9 @@ def test_a_schema_taken_down_under_a_leader_ends_it_instead_of_redelivering(
     try:
         leader = group.wait_leader()
         insert_rows(migrated_database, 1, start_in=0.2, prefix="before")
-        assert group.receiver is not None
-        wait_for(lambda: len(group.receiver.entries()) == 1, timeout=15, what="the first fire")
+        receiver = group.receiver
+        assert receiver is not None
+        wait_for(lambda: len(receiver.entries()) == 1, timeout=15, what="the first fire")
         with psycopg.connect(migrated_database, autocommit=True) as conn:
             conn.execute("ALTER TABLE schedlock_terms DROP COLUMN last_fire_at")
         insert_rows(migrated_database, 1, start_in=0.2, prefix="after")
@@ -126,9 +127,7 @@ def test_a_schema_taken_down_under_a_leader_ends_it_instead_of_redelivering(
         text = leader.log_text()
         assert "the database schema changed under this process" in text
         assert "Traceback" not in text
-        deliveries = [
-            e for e in group.receiver.entries() if str(e.get("uid", "")).startswith("after")
-        ]
+        deliveries = [e for e in receiver.entries() if str(e.get("uid", "")).startswith("after")]
         assert len(deliveries) <= 1, deliveries  # delivered once at most, never in a loop
         with psycopg.connect(migrated_database) as conn:
             row = conn.execute(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,9 @@ def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def receiver(tmp_path: Path) -> ReceiverProcess:
+def receiver(tmp_path: Path) -> Iterator[ReceiverProcess]:
     rx = ReceiverProcess(tmp_path / "rx").start()
-    yield rx  # type: ignore[misc]
+    yield rx
     rx.stop()
 
 

@@ -70,7 +70,9 @@ def test_a_sidecar_role_of_the_release_before_fires_through_the_column_grants(
     )
 
     def slots_published() -> int:
-        return int(postgres.execute(slots, url=database)[0][0])
+        [(count,)] = postgres.execute(slots, url=database)
+        assert isinstance(count, int)
+        return count
 
     group = SidecarGroup(
         tmp_path,

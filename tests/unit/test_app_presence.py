@@ -34,7 +34,7 @@ from schedlock.sidecar.target import (
     worth_confirming,
 )
 from schedlock.store import FireRow
-from testbed.lock_fakes import KEY, FakeApp, FakeServer, FakeSession
+from testbed.memory_store import KEY, MemoryApp, MemorySession, MemoryStore
 
 TWO_TWO = Thresholds(failures=2, successes=2)
 
@@ -408,7 +408,7 @@ async def test_a_503_confirmed_by_a_failing_readiness_endpoint_is_unreachable_at
     assert watch.reason.startswith("delivery failed: HTTP 503 from app; ")
 
 
-# -- the elector's states, against the fake lock server (testbed.lock_fakes) -----------------
+# -- the elector's states, against the in-memory store (testbed.memory_store) -------------
 
 
 async def until(predicate: Callable[[], bool]) -> None:
@@ -420,9 +420,9 @@ async def until(predicate: Callable[[], bool]) -> None:
 @dataclasses.dataclass
 class Subject:
     elector: Elector
-    server: FakeServer
-    app: FakeApp
-    other: FakeSession  # the replica that holds the lock until grant()
+    server: MemoryStore
+    app: MemoryApp
+    other: MemorySession  # the replica that holds the lock until grant()
     worked: list[str]
 
     @property
@@ -444,7 +444,7 @@ class Subject:
 
 @contextlib.asynccontextmanager
 async def elector() -> AsyncIterator[Subject]:
-    server, app, worked = FakeServer(), FakeApp(up=False), []
+    server, app, worked = MemoryStore(), MemoryApp(present=False), []
     other = server.occupied_by("other")
 
     async def work(leadership: Leadership, ending: asyncio.Event) -> None:
@@ -453,7 +453,7 @@ async def elector() -> AsyncIterator[Subject]:
         worked.append("ended")
 
     subject = Elector(
-        server,  # type: ignore[arg-type]
+        server,
         (KEY,),
         holder="me",
         timings=LeaseTimings(10),

@@ -1,4 +1,4 @@
-"""The elector's state machine (``schedlock.sidecar.lock``) against a fake lock server, on
+"""The elector's state machine (``schedlock.sidecar.lock``) against the in-memory store, on
 virtual time (``testbed.virtual_time``): step-down, lease loss, heartbeat failure, release
 and hand-over, each in milliseconds of real time and exact to the virtual second.
 
@@ -21,7 +21,7 @@ from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.lock import Elector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.store import ForeignHolder, UnlockFailed
-from testbed.lock_fakes import KEY, FakeApp, FakeServer, FakeSession
+from testbed.memory_store import KEY, MemoryApp, MemorySession, MemoryStore
 from testbed.virtual_time import run
 
 TIMINGS = LeaseTimings(10.0)
@@ -55,7 +55,7 @@ class Replica:
         await asyncio.wait_for(self.task, 60)
 
 
-def start(server: FakeServer, name: str) -> Replica:
+def start(server: MemoryStore, name: str) -> Replica:
     terms: list[tuple[int, float]] = []
     ends: list[tuple[str, float]] = []
 
@@ -69,13 +69,13 @@ def start(server: FakeServer, name: str) -> Replica:
         ends.append(("ended", now()))
 
     elector = Elector(
-        server,  # type: ignore[arg-type]
+        server,
         (KEY,),
         holder=name,
         timings=TIMINGS,
         metrics=SidecarMetrics(),
         work=work,
-        app=FakeApp(),
+        app=MemoryApp(),
         rng=random.Random(name),
     )
     roles: list[tuple[Role, float]] = []
@@ -101,18 +101,24 @@ async def until(predicate: Callable[[], bool], within: float = 60.0) -> float:
     return now() - started
 
 
+def holding(server: MemoryStore) -> MemorySession:
+    """The session holding the lock now."""
+    assert server.holder is not None
+    return server.holder
+
+
 def leading(replica: Replica) -> bool:
     return replica.elector.role is Role.LEADING
 
 
-def scenario(body: Callable[[FakeServer], Awaitable[None]]) -> None:
+def scenario(body: Callable[[MemoryStore], Awaitable[None]]) -> None:
     async def main() -> None:
-        await body(FakeServer())
+        await body(MemoryStore())
 
     run(main())
 
 
-async def leader_and_standby(server: FakeServer) -> tuple[Replica, Replica]:
+async def leader_and_standby(server: MemoryStore) -> tuple[Replica, Replica]:
     a = start(server, "a")
     await until(lambda: leading(a))
     b = start(server, "b")
@@ -129,13 +135,13 @@ def test_the_timings_these_tests_assume() -> None:
 
 
 def test_a_frozen_network_steps_down_at_lease_minus_margin_not_before() -> None:
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         a = start(server, "a")
         await until(lambda: leading(a))
         led_at = a.terms[0][1]
         await asyncio.sleep(HEARTBEAT + 0.5)
         assert leading(a), "a heartbeat went through: still leading"
-        server.holder.beats = "hang"  # type: ignore[union-attr]
+        holding(server).beats = "hang"
         await until(lambda: not leading(a))
         stepped_down = a.left_leading(led_at) - led_at
         # The last good heartbeat was at 3 s; the next one hangs; the budget runs out at
@@ -154,10 +160,10 @@ def test_a_frozen_network_steps_down_at_lease_minus_margin_not_before() -> None:
 
 
 def test_a_failed_heartbeat_steps_down_at_once_and_reconnects_after_a_backoff() -> None:
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         a = start(server, "a")
         await until(lambda: leading(a))
-        server.holder.beats = "fail"  # type: ignore[union-attr]
+        holding(server).beats = "fail"
         await until(lambda: not leading(a))
         led_at = a.terms[0][1]
         stepped_down = a.left_leading(led_at)
@@ -175,12 +181,12 @@ def test_a_failed_heartbeat_steps_down_at_once_and_reconnects_after_a_backoff() 
 
 
 def test_a_lost_lease_hands_over_to_the_standby_at_once_and_fences_the_old_leader() -> None:
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         a, b = await leader_and_standby(server)
         await asyncio.sleep(1.0)
         assert server.holder is not None
         lost_at = now()
-        server.end(server.holder)  # the server ends a's session (idle_session_timeout)
+        server.end(holding(server))  # the server ends a's session (idle_session_timeout)
         await until(lambda: leading(b))
         assert b.terms == [(2, lost_at)], "granted in the same instant, a new term fences a's"
         # a finds out at its next heartbeat (its statements would fail meanwhile: fenced).
@@ -195,7 +201,7 @@ def test_a_lost_lease_hands_over_to_the_standby_at_once_and_fences_the_old_leade
 
 
 def test_sigterm_releases_with_a_checked_unlock_and_the_standby_leads_at_once() -> None:
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         a, b = await leader_and_standby(server)
         stopped_at = now()
         await a.stop()
@@ -214,7 +220,7 @@ def test_sigterm_releases_with_a_checked_unlock_and_the_standby_leads_at_once() 
 
 
 def test_a_standby_stopped_leaves_the_queue_without_ever_leading() -> None:
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         a, b = await leader_and_standby(server)
         await b.stop()
         assert b.terms == [] and server.queue == []
@@ -227,10 +233,10 @@ def test_a_standby_stopped_leaves_the_queue_without_ever_leading() -> None:
 def test_every_failure_of_a_term_is_logged_with_its_task(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="schedlock.lock")
 
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         a = start(server, "a")
         await until(lambda: leading(a))
-        server.holder.beats = "fail"  # type: ignore[union-attr]
+        holding(server).beats = "fail"
         await until(lambda: not leading(a))
         await a.stop()
 
@@ -246,7 +252,7 @@ def test_a_standby_says_a_foreign_holder_until_it_leads(caplog: pytest.LogCaptur
     caplog.set_level(logging.INFO, logger="schedlock.lock")
     squatter = ForeignHolder(pid=4242, role="tenant_a\n'x")
 
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         squatting = server.occupied_by("squatter")
         b = start(server, "b")
         await until(lambda: b.elector.role is Role.STANDBY and len(server.queue) == 1)
@@ -274,7 +280,7 @@ def test_a_standby_says_a_foreign_holder_until_it_leads(caplog: pytest.LogCaptur
 
 
 def test_a_standby_behind_its_own_leader_hears_of_no_foreign_holder() -> None:
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         a, b = await leader_and_standby(server)
         assert not b.elector.foreign
         assert b.metric("schedlock_lock_foreign_holder") == 0
@@ -286,7 +292,7 @@ def test_a_standby_behind_its_own_leader_hears_of_no_foreign_holder() -> None:
 
 
 def test_a_failed_unlock_is_fatal() -> None:
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         a = start(server, "a")
         await until(lambda: leading(a))
         server.holder = None  # the lock is not ours any more, the session does not know
@@ -298,10 +304,10 @@ def test_a_failed_unlock_is_fatal() -> None:
 
 
 def test_a_lease_is_ok_until_lease_minus_margin_after_the_last_heartbeat() -> None:
-    async def body(server: FakeServer) -> None:
+    async def body(server: MemoryStore) -> None:
         leadership = Leadership(
             key=KEY,
-            session=FakeSession(server, "a"),  # type: ignore[arg-type]
+            session=server.lock_session(KEY, "a", LEASE),
             term=1,
             step_down_after=STEP_DOWN,
             last_heartbeat_ok=now(),

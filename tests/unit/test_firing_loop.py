@@ -1,6 +1,7 @@
-"""The leader's firing loop (``schedlock.sidecar.firing``) against a fake lock session and a fake
-app, on virtual time (``testbed.virtual_time``): wake-ups at the due time and on NOTIFY, the
-concurrency bound, the lease check, a graceful stop within the grace, the app away.
+"""The leader's firing loop (``schedlock.sidecar.firing``) against the in-memory store and app
+(``testbed.memory_store``), on virtual time (``testbed.virtual_time``): wake-ups at the due
+time and on NOTIFY, the concurrency bound, the lease check, a graceful stop within the grace,
+the app away.
 
 ``tests/integration/test_delivery.py`` and the e2e tests run the same loop against PostgreSQL
 and a real HTTP app; these pin the loop's decisions and timings exactly, in milliseconds.
@@ -9,22 +10,20 @@ and a real HTTP app; these pin the loop's decisions and timings exactly, in mill
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import pytest
 
 from schedlock.core.aio import now
-from schedlock.core.scheduling import AttemptResult
 from schedlock.sidecar.delivery import BodyError, Delivery
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
-from schedlock.store import ClaimResult, Completion, FireRow, LeadershipLost, LockKey
-from testbed.virtual_time import run
+from schedlock.store import Channel, FireRow, LeadershipLost
+from testbed.memory_store import KEY, MemoryApp, MemoryStore
+from testbed.virtual_time import quiet, run
 
-KEY = LockKey("publish", "default", "demo")
 STEP_DOWN = 8.0
 
 
@@ -47,71 +46,9 @@ def row(number: int) -> FireRow:
 
 
 @dataclass
-class Rows:
-    """The fake lock session: the key's rows, each due at a virtual time."""
-
-    due: list[tuple[float, FireRow]] = field(default_factory=list)
-    claims: list[tuple[float, int]] = field(default_factory=list)  # (when, limit)
-    completed: list[tuple[float, Completion]] = field(default_factory=list)
-    notify: Callable[[str], None] | None = None
-
-    def add(self, number: int, in_seconds: float = 0.0) -> None:
-        self.due.append((now() + in_seconds, row(number)))
-
-    async def adopt_orphans(self, term: int) -> list[FireRow]:
-        return []
-
-    async def claim_due(self, term: int, limit: int) -> ClaimResult:
-        self.claims.append((now(), limit))
-        ready = sorted((r for r in self.due if r[0] <= now()), key=lambda r: r[0])[:limit]
-        self.due = [r for r in self.due if r not in ready]
-        later = [at - now() for at, _ in self.due]
-        return ClaimResult([r for _, r in ready], min(later) if later else None)
-
-    async def complete(self, term: int, completions: list[Completion]) -> int:
-        self.completed.extend((now(), c) for c in completions)
-        return len(completions)
-
-    async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
-        self.notify = on_payload
-
-    def outcomes(self) -> dict[int, str]:
-        return {c.id: c.outcome for _, c in self.completed}
-
-
-@dataclass
-class App:
-    """The deliveries' target: each takes ``takes`` seconds and answers ``status``."""
-
-    takes: float = 0.0
-    status: int = 200
-    up: bool = True
-    reason: str = "connection refused"
-    started: list[tuple[float, int]] = field(default_factory=list)  # (when, row id)
-    inflight: int = 0
-    most_inflight: int = 0
-
-    async def deliver(self, fire: FireRow, term: int) -> Delivery:
-        self.started.append((now(), fire.id))
-        self.inflight += 1
-        self.most_inflight = max(self.most_inflight, self.inflight)
-        try:
-            await asyncio.sleep(self.takes)
-        finally:
-            self.inflight -= 1
-        return Delivery(AttemptResult(status=self.status))
-
-    def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool:
-        return False
-
-    async def confirm(self, failure: str = "") -> bool:
-        return self.up
-
-
-@dataclass
 class Term:
-    rows: Rows
-    app: App
+    rows: MemoryStore
+    app: MemoryApp
     leadership: Leadership
     stopping: asyncio.Event
     task: asyncio.Task[None]
@@ -128,8 +65,8 @@ class Term:
 
 
 def start(
-    rows: Rows,
-    app: App,
+    rows: MemoryStore,
+    app: MemoryApp,
     *,
     concurrency: int = 10,
     poll: float = 60.0,
@@ -140,10 +77,10 @@ def start(
     options = FiringOptions(
         batch_size=10, concurrency=concurrency, poll_seconds=poll, shutdown_grace_seconds=grace
     )
-    firer = Firer(None, app, SidecarMetrics(), options, app=app)  # type: ignore[arg-type]
+    firer = Firer(rows, app, SidecarMetrics(), options, app=app)
     leadership = Leadership(
         key=KEY,
-        session=rows,  # type: ignore[arg-type]
+        session=rows.lock_session(KEY, "me", STEP_DOWN + 2),
         term=3,
         step_down_after=STEP_DOWN,
         last_heartbeat_ok=now(),
@@ -161,19 +98,15 @@ async def heartbeats(leadership: Leadership) -> None:
         leadership.last_heartbeat_ok = now()
 
 
-async def settle() -> None:
-    await asyncio.sleep(0.001)
-
-
 # -- the tests ----------------------------------------------------------------------------------
 
 
 def test_rows_fire_at_their_due_time_not_at_the_poll() -> None:
     async def body() -> None:
-        rows, app = Rows(), App()
+        rows, app = MemoryStore(), MemoryApp()
         t0 = now()
-        rows.add(1)
-        rows.add(2, in_seconds=30)
+        rows.add_due(row(1))
+        rows.add_due(row(2), 30)
         term = start(rows, app, poll=600)
         await asyncio.sleep(31)
         assert [(at - t0, n) for at, n in app.started] == [(0, 1), (30, 2)]
@@ -186,21 +119,20 @@ def test_rows_fire_at_their_due_time_not_at_the_poll() -> None:
 
 def test_notify_for_this_key_wakes_the_loop_at_once_and_others_do_not() -> None:
     async def body() -> None:
-        rows, app = Rows(), App()
+        rows, app = MemoryStore(), MemoryApp()
         term = start(rows, app, poll=STEP_DOWN / 2)
         await asyncio.sleep(1)
         claims = len(rows.claims)
-        rows.add(1)
-        assert rows.notify is not None
-        rows.notify("publish/default/other")
+        rows.add_due(row(1))
+        rows.notify(Channel.ROWS, "publish/default/other")
         # nor garbage (anyone may NOTIFY the channel): ignored, never raised into the pump
         for garbage in ("x" * 7000, '{"ids":[1e999]}', "publish/default", b"\xff/default/demo"):
-            rows.notify(garbage)  # type: ignore[arg-type]
-        await settle()
+            rows.notify(Channel.ROWS, garbage)
+        await quiet()
         assert len(rows.claims) == claims and app.started == [], "not our key: no wake-up"
         woken = now()
-        rows.notify("publish/default/demo")
-        await settle()
+        rows.notify(Channel.ROWS, "publish/default/demo")
+        await quiet()
         assert [(round(at - woken, 3), n) for at, n in app.started] == [(0, 1)]
         await term.stop()
 
@@ -209,10 +141,10 @@ def test_notify_for_this_key_wakes_the_loop_at_once_and_others_do_not() -> None:
 
 def test_claims_never_exceed_the_free_delivery_slots() -> None:
     async def body() -> None:
-        rows, app = Rows(), App(takes=1.0)
+        rows, app = MemoryStore(), MemoryApp(takes=1.0)
         t0 = now()
         for number in range(5):
-            rows.add(number)
+            rows.add_due(row(number))
         term = start(rows, app, concurrency=2)
         await asyncio.sleep(3.5)
         assert app.most_inflight == 2
@@ -226,9 +158,9 @@ def test_claims_never_exceed_the_free_delivery_slots() -> None:
 
 def test_without_heartbeats_the_loop_steps_down_and_sends_nothing() -> None:
     async def body() -> None:
-        rows, app = Rows(), App()
+        rows, app = MemoryStore(), MemoryApp()
         t0 = now()
-        rows.add(1, in_seconds=10)
+        rows.add_due(row(1), 10)
         term = start(rows, app, beating=False)
         with pytest.raises(LeadershipLost):
             await asyncio.wait_for(term.task, 60)
@@ -240,8 +172,8 @@ def test_without_heartbeats_the_loop_steps_down_and_sends_nothing() -> None:
 
 def test_with_heartbeats_the_same_row_is_sent() -> None:
     async def body() -> None:
-        rows, app = Rows(), App()
-        rows.add(1, in_seconds=10)
+        rows, app = MemoryStore(), MemoryApp()
+        rows.add_due(row(1), 10)
         term = start(rows, app)
         await asyncio.sleep(11)
         assert rows.outcomes() == {1: "published"}
@@ -261,8 +193,8 @@ def test_a_graceful_stop_lets_in_flight_deliveries_finish_within_the_grace(
     takes: float, ends_after: float, outcomes: dict[int, str]
 ) -> None:
     async def body() -> None:
-        rows, app = Rows(), App(takes=takes)
-        rows.add(1)
+        rows, app = MemoryStore(), MemoryApp(takes=takes)
+        rows.add_due(row(1))
         term = start(rows, app, grace=10.0)
         await asyncio.sleep(1)
         assert await term.stop() == pytest.approx(ends_after)
@@ -273,8 +205,8 @@ def test_a_graceful_stop_lets_in_flight_deliveries_finish_within_the_grace(
 
 def test_while_the_app_is_away_rows_go_back_unsent() -> None:
     async def body() -> None:
-        rows, app = Rows(), App(up=False)
-        rows.add(1)
+        rows, app = MemoryStore(), MemoryApp(present=False)
+        rows.add_due(row(1))
         term = start(rows, app)
         await asyncio.sleep(1)
         assert app.started == []
@@ -286,16 +218,16 @@ def test_while_the_app_is_away_rows_go_back_unsent() -> None:
 
 
 @dataclass
-class BrokenApp(App):
+class BrokenApp(MemoryApp):
     """An app whose delivery of some rows fails before anything is sent: a body that cannot be
     built (BodyError) or a bug on that row's path (any other exception)."""
 
     broken: dict[int, Exception] = field(default_factory=dict)
 
-    async def deliver(self, fire: FireRow, term: int) -> Delivery:
-        if fire.id in self.broken:
-            raise self.broken[fire.id]
-        return await super().deliver(fire, term)
+    async def deliver(self, row: FireRow, term: int) -> Delivery:
+        if row.id in self.broken:
+            raise self.broken[row.id]
+        return await super().deliver(row, term)
 
 
 def test_a_row_is_the_unit_of_failure() -> None:
@@ -303,7 +235,7 @@ def test_a_row_is_the_unit_of_failure() -> None:
     reason; the rest of the same claim publishes and the term goes on firing (issue 21)."""
 
     async def body() -> None:
-        rows = Rows()
+        rows = MemoryStore()
         app = BrokenApp(
             broken={
                 2: BodyError("the delivery body cannot be built: payload nests too deep"),
@@ -311,7 +243,7 @@ def test_a_row_is_the_unit_of_failure() -> None:
             }
         )
         for number in range(1, 7):
-            rows.add(number)
+            rows.add_due(row(number))
         rows.due[3] = (rows.due[3][0], replace(rows.due[3][1], attempt=4))  # row 4: 4 of 3
         rows.due[4] = (rows.due[4][0], replace(rows.due[4][1], problem="payload cannot be read"))
         rows.due[5] = (rows.due[5][0], replace(rows.due[5][1], problem="x", counted=False))
@@ -335,9 +267,8 @@ def test_a_row_is_the_unit_of_failure() -> None:
         # Unsent: the claim's attempt is given back, except for an orphan that never had one.
         assert [done[n].sent for n in (2, 3, 4, 5, 6)] == [False, False, False, False, True]
         assert sorted(n for _, n in app.started) == [1], "only the good row reached the app"
-        rows.add(7)
-        assert rows.notify is not None
-        rows.notify("publish/default/demo")
+        rows.add_due(row(7))
+        rows.notify(Channel.ROWS, "publish/default/demo")
         await asyncio.sleep(1)
         assert rows.outcomes()[7] == "published", "the term goes on"
         await term.stop()

@@ -139,7 +139,7 @@ def test_injection_is_idempotent_and_leaves_others_alone() -> None:
 
 @pytest.mark.parametrize("kind", ["Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"])
 def test_workload_templates_are_injected(kind: str) -> None:
-    template = {
+    template: dict[str, Any] = {
         "metadata": {
             "labels": {**OPT_IN, "app.kubernetes.io/name": "billing"},
         },
@@ -169,6 +169,7 @@ def injected(p: dict[str, Any], config: InjectionConfig = CONFIG) -> dict[str, A
 
 def sidecar_of(spec: dict[str, Any]) -> dict[str, Any]:
     [sidecar] = [c for c in spec["initContainers"] if c["name"] == CONTAINER_NAME]
+    assert isinstance(sidecar, dict)
     return sidecar
 
 

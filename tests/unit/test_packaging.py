@@ -76,12 +76,13 @@ def test_operator_dependencies_are_an_extra() -> None:
 def test_operator_without_its_extra_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from schedlock.cli import main
-    from schedlock.operator import command
+    import importlib.util
 
-    real = command.importlib.util.find_spec
+    from schedlock.cli import main
+
+    real = importlib.util.find_spec
     monkeypatch.setattr(
-        command.importlib.util,
+        importlib.util,  # what schedlock.operator.command asks whether kopf is installed
         "find_spec",
         lambda name, *a: None if name == "kopf" else real(name, *a),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from schedlock.operator.reassert import (
     Reasserter,
@@ -16,7 +16,8 @@ from schedlock.operator.reassert import (
     upsert_rule,
 )
 from schedlock.operator.settings import OperatorSettings
-from schedlock.store import PublishSpec, RecordedOutcome, RowVersion, ScheduleSpec, Store
+from schedlock.store import PublishSpec, RecordedOutcome, RowVersion, ScheduleSpec
+from testbed.memory_store import DB_EPOCH, MemoryStore, publish_record
 from testbed.virtual_time import run
 
 DUE = "2030-01-01T00:00:00Z"
@@ -160,24 +161,14 @@ def test_a_row_back_in_scheduled_under_a_recorded_outcome_has_lost_it() -> None:
     assert not lost_outcome(obj("a", generation=2, phase="Published"), 2, "scheduled")  # updating
 
 
-class Rows:
-    """A store that only answers the pass's one query (every row already in its outcome)."""
-
-    def __init__(self) -> None:
-        self.passes: list[float] = []
-
-    async def row_versions(self, uids: list[str]) -> list[RowVersion]:
-        self.passes.append(asyncio.get_running_loop().time())
-        return [row(uid, state="published") for uid in uids]
-
-
 def test_a_wake_runs_the_next_pass_at_once_not_an_interval_later() -> None:
-    rows = Rows()
+    rows = MemoryStore()
+    rows.put(publish_record(1, "a", state="published"), changed_at=DB_EPOCH)
 
     async def main() -> list[float]:
         stopping = asyncio.Event()
         reasserter = Reasserter(
-            cast(Store, rows), lambda: [obj("a", phase="Published")], interval=60,
+            rows, lambda: [obj("a", phase="Published")], interval=60,
             wanted=lambda _uid: True,
         )  # fmt: skip
         task = asyncio.create_task(reasserter.run(stopping))
@@ -186,7 +177,7 @@ def test_a_wake_runs_the_next_pass_at_once_not_an_interval_later() -> None:
         await asyncio.sleep(1)
         stopping.set()
         await task
-        return rows.passes
+        return [at for at, verb, _ in rows.reads if verb == "row_versions"]
 
     first, woken = run(main())
     assert woken - first == 10  # at the wake, not at the 60 s interval

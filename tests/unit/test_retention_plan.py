@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import random
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -17,7 +15,7 @@ from schedlock.operator.injection import inject_pod
 from schedlock.operator.settings import OperatorSettings
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
-from schedlock.store import Store, StoreError
+from schedlock.store import StoreError
 from schedlock.store.models import HistoryStats, MaintenanceLease
 from schedlock.store.retention import (
     JITTER,
@@ -31,6 +29,7 @@ from schedlock.store.retention import (
     plan,
     retention_by_state,
 )
+from testbed.memory_store import MemoryStore
 from testbed.virtual_time import run
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -108,7 +107,8 @@ def test_a_missing_privilege_is_told_apart() -> None:
 
 
 class Tables:
-    """The pruner's view of a database: rows per step, batches that take virtual time."""
+    """A pruning pass's session (``Maintenance``) in the in-memory store: rows per step, batches
+    that take virtual time."""
 
     def __init__(self, rows: int, batch_seconds: float, lose_lease_after: float | None) -> None:
         self.rows = rows
@@ -120,10 +120,6 @@ class Tables:
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
-
-    @contextlib.asynccontextmanager
-    async def maintenance(self) -> AsyncIterator[Tables]:
-        yield self
 
     async def begin(self, statement_timeout: float, lock_timeout: float) -> None:
         self.started = self.started or self.now()
@@ -172,7 +168,9 @@ def prune(
             counted.append((table, rows, len(tables.batches)))
 
     async def main() -> PassReport:
-        return await Pruner(cast(Store, tables), "me", policy, counted=count).run_once()
+        return await Pruner(
+            MemoryStore(maintenance_session=tables), "me", policy, counted=count
+        ).run_once()
 
     return run(main())
 
@@ -210,7 +208,9 @@ def test_contenders_that_do_not_lead_never_open_a_session() -> None:
 
     async def main() -> None:
         stopping = asyncio.Event()
-        pruner = Pruner(cast(Store, tables), "me", RetentionPolicy(interval_seconds=10))
+        pruner = Pruner(
+            MemoryStore(maintenance_session=tables), "me", RetentionPolicy(interval_seconds=10)
+        )
         task = asyncio.create_task(pruner.run(stopping, lambda: leading))
         await asyncio.sleep(100)
         assert tables.claims == []

@@ -5,18 +5,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from schedlock.operator.sync import (
     SYNC_CONCURRENCY,
+    SYNC_CURSOR,
     UNLISTED_GETS,
+    KubeApi,
     Lookup,
     Pass,
     StatusSync,
     lookup,
     start_from,
 )
-from schedlock.store import PublishRecord, ScheduleRecord, Store, SweepPosition, SyncCursor
+from schedlock.store import PublishRecord, ScheduleRecord, SweepPosition, SyncCursor
+from schedlock.store.verbs import SWEEP_PAGE
+from testbed.memory_store import MemoryStore
 
 
 class SlowApi:
@@ -64,7 +68,7 @@ def published(n: int) -> PublishRecord:
 
 def test_a_burst_of_outcomes_is_synced_a_few_objects_at_a_time_each_in_order() -> None:
     api = SlowApi()
-    store = cast(Store, None)  # one-shot rows need no database read
+    store = MemoryStore()  # one-shot rows need no database read
     sync = StatusSync(store, api, sweep_seconds=30, holder="t", catch_up_seconds=3600)
     asyncio.run(sync.sync_records([published(n) for n in range(40)]))
     assert 1 < api.most_in_flight <= SYNC_CONCURRENCY
@@ -79,7 +83,7 @@ def test_with_the_index_an_outcome_costs_a_patch_and_an_event_and_a_replay_nothi
         f"uid-o{n}": {"metadata": {"name": f"o{n}", "namespace": "ns", "uid": f"uid-o{n}"}}
         for n in range(3)
     }
-    store = cast(Store, None)
+    store = MemoryStore()
     sync = StatusSync(
         store, api, sweep_seconds=30, holder="t", catch_up_seconds=3600, known=index.get
     )
@@ -124,7 +128,7 @@ def test_a_row_back_in_scheduled_under_a_published_status_wakes_the_reassertion(
     index = {"uid-o0": {"metadata": meta, "status": status}}
     woken: list[bool] = []
     sync = StatusSync(
-        cast(Store, None), api, sweep_seconds=30, holder="t", catch_up_seconds=3600,
+        MemoryStore(), api, sweep_seconds=30, holder="t", catch_up_seconds=3600,
         known=index.get, lost=lambda: woken.append(True),
     )  # fmt: skip
     reverted = dataclasses.replace(published(0), state="scheduled", attempts=0, term=None)
@@ -137,10 +141,14 @@ def test_a_row_back_in_scheduled_under_a_published_status_wakes_the_reassertion(
 
 
 def sync_of(
-    api: Any, index: dict[str, dict[str, Any]], *, listed: bool, store: Any = None
+    api: KubeApi,
+    index: dict[str, dict[str, Any]],
+    *,
+    listed: bool,
+    store: MemoryStore | None = None,
 ) -> StatusSync:
     sync = StatusSync(
-        cast(Store, store), api, sweep_seconds=30, holder="t", catch_up_seconds=3600,
+        store or MemoryStore(), api, sweep_seconds=30, holder="t", catch_up_seconds=3600,
         known=index.get, covers=lambda namespace: namespace == "ns",
     )  # fmt: skip
     if listed:
@@ -214,32 +222,27 @@ def slot(schedule_uid: str, n: int) -> PublishRecord:
     )  # fmt: skip
 
 
-class Schedules:
-    """The store reads a recurring row's sync makes, counted."""
-
-    def __init__(self) -> None:
-        self.reads: list[tuple[str, str]] = []
-
-    async def get_schedule(self, uid: str) -> ScheduleRecord | None:
-        self.reads.append(("get_schedule", uid))
-        return ScheduleRecord(
-            id=1, uid=uid, namespace="ns", name="o0", generation=1, target="demo",
-            expression="* * * * *", time_zone="UTC", state="active", watermark_at=None,
-            last_slot_at=FIRED, next_slot_at=None,
-        )  # fmt: skip
-
-    async def latest_slot(self, schedule_uid: str) -> PublishRecord | None:
-        self.reads.append(("latest_slot", schedule_uid))
-        return slot(schedule_uid, 59)
+def schedules() -> MemoryStore:
+    """A store with one recurring row (``uid-o0``, its latest slot fired) and its slots."""
+    store = MemoryStore()
+    store.schedules["uid-o0"] = ScheduleRecord(
+        id=1, uid="uid-o0", namespace="ns", name="o0", generation=1, target="demo",
+        expression="* * * * *", time_zone="UTC", state="active", watermark_at=None,
+        last_slot_at=FIRED, next_slot_at=None,
+    )  # fmt: skip
+    for n in (58, 59):
+        store.put(slot("uid-o0", n), changed_at=FIRED)
+    return store
 
 
 def test_recurring_rows_cost_one_latest_slot_per_schedule_per_batch_and_none_when_gone() -> None:
-    api, store = Patches(), Schedules()  # Patches: a GET fails the test
+    api, store = Patches(), schedules()  # Patches: a GET fails the test
     sync = sync_of(api, live(0), listed=True, store=store)
     live_slots = [slot("uid-o0", n) for n in range(30)]
     deleted_slots = [slot(f"uid-gone{g}", n) for g in range(20) for n in range(30)]
     asyncio.run(sync.sync_records([*live_slots, *deleted_slots]))
-    assert store.reads == [("get_schedule", "uid-o0"), ("latest_slot", "uid-o0")]
+    reads = [(verb, args) for _, verb, args in store.reads]
+    assert reads == [("get_schedule", "uid-o0"), ("latest_slot", "uid-o0")]
     assert len(api.phases) == 1  # the schedule's status, once
 
 
@@ -251,41 +254,27 @@ def test_a_run_starts_from_its_cursor_or_a_bounded_catch_up() -> None:
     )
 
 
-class Pages:
-    """A store whose sweep reads ``pages`` full pages then an empty one; records the cursor."""
-
-    def __init__(self, pages: int, cursor: datetime | None) -> None:
-        self.pages, self.cursor = pages, cursor
-        self.read_from: list[SweepPosition] = []
-        self.stored: list[datetime] = []
-
-    async def sync_cursor(self, name: str) -> SyncCursor:
-        assert name == "status-sync"
-        return SyncCursor(watermark_at=self.cursor, now=FIRED)
-
-    async def changed_since(
-        self, since: SweepPosition
-    ) -> tuple[list[PublishRecord], SweepPosition]:
-        self.read_from.append(since)
-        page = len(self.read_from)
-        if page > self.pages:
-            return [], SweepPosition(FIRED - timedelta(seconds=5))
-        rows = [published(10_000 + page * 500 + n) for n in range(500)]
-        return rows, SweepPosition(FIRED - timedelta(minutes=10 - page), rows[-1].id)
-
-    async def store_sync_cursor(self, name: str, watermark_at: datetime, holder: str) -> None:
-        self.stored.append(watermark_at)
+def pages(count: int) -> MemoryStore:
+    """A store with ``count`` full pages of rows changed ten minutes ago and after, no cursor."""
+    store = MemoryStore(db_clock=lambda: FIRED)
+    for page in range(1, count + 1):
+        for n in range(SWEEP_PAGE):
+            changed = FIRED - timedelta(minutes=10 - page)
+            store.put(published(10_000 + page * SWEEP_PAGE + n), changed_at=changed)
+    return store
 
 
 def test_a_sweep_pages_from_the_cursor_and_stores_it_once_complete() -> None:
-    api, store = SlowApi(), Pages(2, cursor=None)
+    api, store = SlowApi(), pages(2)
     sync = sync_of(api, {}, listed=True, store=store)
     asyncio.run(sync.sweep())
-    assert [p.at for p in store.read_from] == [
+    read_from = [since for _, since in store.sweeps]
+    assert [p.at for p in read_from] == [
         FIRED - timedelta(hours=1), FIRED - timedelta(minutes=9), FIRED - timedelta(minutes=8),
     ]  # fmt: skip
-    assert store.read_from[1].after_id == 10_999  # a page goes on after the last row read
-    assert store.stored == [FIRED - timedelta(seconds=5)]
+    assert read_from[1].after_id == 10_999  # a page goes on after the last row read
+    assert store.cursors == {SYNC_CURSOR: FIRED - timedelta(seconds=5)}
     assert api.calls == []  # 1,000 rows of deleted objects: no request
     asyncio.run(sync.sweep())  # the next sweep goes on where this one ended, no cursor read
-    assert store.read_from[-1] == SweepPosition(FIRED - timedelta(seconds=5))
+    assert store.sweeps[-1][1] == SweepPosition(FIRED - timedelta(seconds=5))
+    assert len(store.cursor_reads) == 1

@@ -1,7 +1,7 @@
-"""When the status sync (``schedlock.operator.sync``) runs, on virtual time with a fake store:
-a NOTIFY of outcomes is synced at once — not at the next sweep — the sweep comes on its
-interval, a lost session is retried with the kit's back-off, and a stop while waiting for the
-sync lock returns at once.  (``tests/e2e/test_operator.py`` checks the statuses themselves.)
+"""When the status sync (``schedlock.operator.sync``) runs, on virtual time with the in-memory
+store (``testbed.memory_store``): a NOTIFY of outcomes is synced at once — not at the next
+sweep — the sweep comes on its interval, a lost session is retried with the kit's back-off,
+and a stop while waiting for the sync lock returns at once.  (``tests/e2e/test_operator.py`` checks the statuses themselves.)
 """
 
 from __future__ import annotations
@@ -9,84 +9,56 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from schedlock.core.aio import now
-from schedlock.operator.sync import LISTING_WAIT_SECONDS, StatusSync
-from schedlock.store import PublishRecord, StoreUnavailable, SweepPosition, SyncCursor
-from testbed.virtual_time import run
+from schedlock.operator.sync import (
+    LISTING_WAIT_SECONDS,
+    SYNC_CURSOR,
+    SYNC_LOCK_OBJID,
+    StatusSync,
+)
+from schedlock.store import Channel
+from schedlock.store.verbs import SWEEP_OVERLAP
+from testbed.memory_store import MemoryStore
+from testbed.virtual_time import START, run
 
 SWEEP = 30.0
-DB_NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # the database clock the fake store answers
+DB_NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # the database clock at the virtual START
 
 
-@dataclass
-class Held:
-    pings: list[float] = field(default_factory=list)
-    closed: bool = False
-    fail_ping: bool = False
-
-    async def ping(self) -> None:
-        self.pings.append(now())
-        if self.fail_ping:
-            raise StoreUnavailable("the sync's session ended")
-
-    async def close(self) -> None:
-        self.closed = True
+def db_time(at: float) -> datetime:
+    """The database clock at the loop's time ``at``: it runs with virtual time."""
+    return DB_NOW + timedelta(seconds=at - START)
 
 
-@dataclass
-class Store:
-    """The operator's store as the sync uses it; ``granted`` gates the sync lock."""
+def memory(**kwargs: Any) -> MemoryStore:
+    return MemoryStore(db_clock=lambda: db_time(now()), **kwargs)
 
-    granted: asyncio.Event = field(default_factory=asyncio.Event)
-    held: list[Held] = field(default_factory=list)
-    notify: Callable[[str | bytes], None] | None = None
-    sweeps: list[float] = field(default_factory=list)
-    reads: list[tuple[float, list[int]]] = field(default_factory=list)
-    fail_next_ping: bool = False
-    cursor: datetime | None = None
-    swept_from: list[datetime] = field(default_factory=list)
-    cursor_reads: list[SyncCursor] = field(default_factory=list)
 
-    async def hold_lock(self, objid: int, holder: str) -> Held:
-        await self.granted.wait()
-        self.held.append(Held(fail_ping=self.fail_next_ping))
-        self.fail_next_ping = False
-        return self.held[-1]
+def sweeps(store: MemoryStore) -> list[float]:
+    """When the sync swept (read the rows changed since its position)."""
+    return [at for at, _ in store.sweeps]
 
-    async def listen(
-        self,
-        channel: str,
-        on_payload: Callable[[str | bytes], None],
-        ready: asyncio.Event | None = None,
-    ) -> None:
-        self.notify = on_payload
-        if ready is not None:
-            ready.set()
-        await asyncio.get_running_loop().create_future()  # listens until cancelled
 
-    async def sync_cursor(self, name: str) -> SyncCursor:
-        self.cursor_reads.append(SyncCursor(watermark_at=self.cursor, now=DB_NOW))
-        return self.cursor_reads[-1]
+def swept_from(store: MemoryStore) -> list[datetime]:
+    return [since.at for _, since in store.sweeps]
 
-    async def store_sync_cursor(self, name: str, watermark_at: datetime, holder: str) -> None:
-        self.cursor = watermark_at
 
-    async def changed_since(
-        self, since: SweepPosition
-    ) -> tuple[list[PublishRecord], SweepPosition]:
-        self.sweeps.append(now())
-        self.swept_from.append(since.at)
-        return [], SweepPosition(DB_NOW + timedelta(seconds=len(self.sweeps)))
+def ids_read(store: MemoryStore) -> list[tuple[float, object]]:
+    """The outcomes read by id: (when, ids)."""
+    return [(at, ids) for at, verb, ids in store.reads if verb == "publishes_by_id"]
 
-    async def publishes_by_id(self, ids: list[int]) -> list[PublishRecord]:
-        self.reads.append((now(), ids))
-        return []
+
+def notify(store: MemoryStore, payload: str | bytes) -> None:
+    store.notify(Channel.OUTCOMES, payload)
+
+
+def listening(store: MemoryStore) -> bool:
+    return bool(store.listeners.get(Channel.OUTCOMES))
 
 
 class NoApi:
@@ -103,10 +75,10 @@ class NoApi:
 
 
 def start(
-    store: Store, stopping: asyncio.Event, *, listed: bool = True
+    store: MemoryStore, stopping: asyncio.Event, *, listed: bool = True
 ) -> tuple[StatusSync, asyncio.Task[None]]:
     sync = StatusSync(
-        store, NoApi(), sweep_seconds=SWEEP, holder="op", catch_up_seconds=3600,  # type: ignore[arg-type]
+        store, NoApi(), sweep_seconds=SWEEP, holder="op", catch_up_seconds=3600,
     )  # fmt: skip
     if listed:
         sync.listed.set()  # kopf has listed the objects
@@ -121,20 +93,18 @@ async def until(predicate: Callable[[], bool]) -> None:
 
 def test_outcomes_are_synced_on_notify_at_once_and_swept_on_the_interval() -> None:
     async def body() -> None:
-        store, stopping = Store(), asyncio.Event()
-        store.granted.set()
+        store, stopping = memory(), asyncio.Event()
         sync, task = start(store, stopping)
-        await until(lambda: sync.active and store.notify is not None and bool(store.sweeps))
-        t0 = store.sweeps[0]
+        await until(lambda: sync.active and listening(store) and bool(store.sweeps))
+        t0 = sweeps(store)[0]
         await asyncio.sleep(1)
-        assert store.notify is not None
         notified_at = now()
-        store.notify(json.dumps({"ids": [7, 3]}))
-        await until(lambda: bool(store.reads))
-        assert store.reads == [(notified_at, [3, 7])], "synced when notified, not at the sweep"
+        notify(store, json.dumps({"ids": [7, 3]}))
+        await until(lambda: bool(ids_read(store)))
+        assert ids_read(store) == [(notified_at, [3, 7])], "synced when notified, not at the sweep"
         await asyncio.sleep(SWEEP)
-        assert store.sweeps == [t0, t0 + SWEEP], "and swept on its interval"
-        assert store.held[0].pings == store.sweeps
+        assert sweeps(store) == [t0, t0 + SWEEP], "and swept on its interval"
+        assert store.held[0].pings == sweeps(store)
         stopping.set()
         await asyncio.wait_for(task, 5)
         assert store.held[0].closed and not sync.active
@@ -144,13 +114,12 @@ def test_outcomes_are_synced_on_notify_at_once_and_swept_on_the_interval() -> No
 
 def test_a_lost_session_is_retried_after_a_backoff() -> None:
     async def body() -> None:
-        store, stopping = Store(fail_next_ping=True), asyncio.Event()
-        store.granted.set()
+        store, stopping = memory(next_held_fails_ping=True), asyncio.Event()
         _, task = start(store, stopping)
         await until(lambda: len(store.held) == 2)
         lost_at = store.held[0].pings[0]
         # The kit's back-off: 1 s with jitter in [0.5, 1.5), then a new session.
-        assert 0.5 <= store.sweeps[1] - lost_at < 1.5
+        assert 0.5 <= sweeps(store)[1] - lost_at < 1.5
         assert store.held[0].closed
         stopping.set()
         await asyncio.wait_for(task, 5)
@@ -160,10 +129,11 @@ def test_a_lost_session_is_retried_after_a_backoff() -> None:
 
 def test_a_stop_while_waiting_for_the_sync_lock_returns_at_once() -> None:
     async def body() -> None:
-        store, stopping = Store(), asyncio.Event()
+        store, stopping = memory(), asyncio.Event()
+        other = await store.hold_lock(SYNC_LOCK_OBJID, "another-operator-sync")
         sync, task = start(store, stopping)
         await asyncio.sleep(60)
-        assert not sync.active and store.held == []
+        assert not sync.active and store.held == [other]
         stopped_at = now()
         stopping.set()
         await asyncio.wait_for(task, 5)
@@ -174,14 +144,16 @@ def test_a_stop_while_waiting_for_the_sync_lock_returns_at_once() -> None:
 
 def test_without_a_cursor_the_sync_starts_a_bounded_catch_up_back_and_stores_one() -> None:
     async def body() -> None:
-        store, stopping = Store(), asyncio.Event()
-        store.granted.set()
+        store, stopping = memory(), asyncio.Event()
         _, task = start(store, stopping)
         await until(lambda: len(store.sweeps) == 2)
-        assert store.swept_from[0] == DB_NOW - timedelta(hours=1), "not the epoch"
+        first, second = sweeps(store)
+        read_at = store.cursor_reads[0].now
+        assert swept_from(store)[0] == read_at - timedelta(hours=1), "not the epoch"
         # stored after each completed sweep, and each next sweep goes on from it
-        assert store.swept_from[1] == DB_NOW + timedelta(seconds=1)
-        await until(lambda: store.cursor == DB_NOW + timedelta(seconds=2))
+        assert swept_from(store)[1] == db_time(first) - SWEEP_OVERLAP
+        stored = db_time(second) - SWEEP_OVERLAP
+        await until(lambda: store.cursors.get(SYNC_CURSOR) == stored)
         assert len(store.cursor_reads) == 1  # read once per activation
         stopping.set()
         await asyncio.wait_for(task, 5)
@@ -192,17 +164,15 @@ def test_without_a_cursor_the_sync_starts_a_bounded_catch_up_back_and_stores_one
 def test_a_new_activation_resumes_from_the_stored_cursor() -> None:
     async def body() -> None:
         stored = DB_NOW - timedelta(days=30)  # however old: the rows since then are the work
-        store, stopping = Store(fail_next_ping=True, cursor=stored), asyncio.Event()
-        store.granted.set()
+        store = memory(next_held_fails_ping=True, cursors={SYNC_CURSOR: stored})
+        stopping = asyncio.Event()
         _, task = start(store, stopping)
         await until(lambda: len(store.held) == 2 and len(store.sweeps) == 2)
-        assert store.swept_from[0] == stored
+        assert swept_from(store)[0] == stored
         # the first session ended after its sweep; the next one reads the cursor it stored
-        assert [c.watermark_at for c in store.cursor_reads] == [
-            stored,
-            DB_NOW + timedelta(seconds=1),
-        ]
-        assert store.swept_from[1] == DB_NOW + timedelta(seconds=1)
+        after_first = db_time(sweeps(store)[0]) - SWEEP_OVERLAP
+        assert [c.watermark_at for c in store.cursor_reads] == [stored, after_first]
+        assert swept_from(store)[1] == after_first
         stopping.set()
         await asyncio.wait_for(task, 5)
 
@@ -211,24 +181,22 @@ def test_a_new_activation_resumes_from_the_stored_cursor() -> None:
 
 def test_the_first_sweep_waits_for_the_listing_a_bounded_time() -> None:
     async def body() -> None:
-        store, stopping = Store(), asyncio.Event()
-        store.granted.set()
+        store, stopping = memory(), asyncio.Event()
         sync, task = start(store, stopping, listed=False)
         started = now()
         await asyncio.sleep(3)
-        assert store.sweeps == [], "not before kopf has listed the objects"
+        assert sweeps(store) == [], "not before kopf has listed the objects"
         sync.listed.set()
         await until(lambda: bool(store.sweeps))
-        assert store.sweeps == [pytest.approx(started + 3)]
+        assert sweeps(store) == [pytest.approx(started + 3)]
         stopping.set()
         await asyncio.wait_for(task, 5)
         # no listing at all (no object in the cluster): the sweep goes on after the wait
-        store, stopping = Store(), asyncio.Event()
-        store.granted.set()
+        store, stopping = memory(), asyncio.Event()
         _, task = start(store, stopping, listed=False)
         started = now()
         await until(lambda: bool(store.sweeps))
-        assert store.sweeps == [pytest.approx(started + LISTING_WAIT_SECONDS)]
+        assert sweeps(store) == [pytest.approx(started + LISTING_WAIT_SECONDS)]
         stopping.set()
         await asyncio.wait_for(task, 5)
 
@@ -237,26 +205,24 @@ def test_the_first_sweep_waits_for_the_listing_a_bounded_time() -> None:
 
 def test_garbage_notifications_never_stop_the_sync_and_are_made_up_for_by_a_sweep() -> None:
     async def body() -> None:
-        store, stopping = Store(), asyncio.Event()
-        store.granted.set()
+        store, stopping = memory(), asyncio.Event()
         sync, task = start(store, stopping)
-        await until(lambda: sync.active and store.notify is not None and bool(store.sweeps))
+        await until(lambda: sync.active and listening(store) and bool(store.sweeps))
         await asyncio.sleep(5)
-        assert store.notify is not None
         # the issue's attack: int(1e999) raised OverflowError and ended the sync task
         t1 = now()
-        store.notify('{"ids":[1e999]}')
+        notify(store, '{"ids":[1e999]}')
         await until(lambda: len(store.sweeps) == 2)
-        assert store.sweeps[1] == t1, "garbage may hide outcomes: swept at once"
+        assert sweeps(store)[1] == t1, "garbage may hide outcomes: swept at once"
         # a flood costs one sweep a second, not one each
         for i in range(200):
-            store.notify(b"\xff\xfe not utf-8" if i % 2 else '{"ids":[NaN, "x", [[1]]]}')
+            notify(store, b"\xff\xfe not utf-8" if i % 2 else '{"ids":[NaN, "x", [[1]]]}')
             await asyncio.sleep(0.01)
-        assert store.sweeps[1:] == pytest.approx([t1, t1 + 1, t1 + 2]), store.sweeps
+        assert sweeps(store)[1:] == pytest.approx([t1, t1 + 1, t1 + 2]), store.sweeps
         # good ids among bad ones are synced at once, the bad ones dropped
-        store.notify('{"ids":[7, 9223372036854775808, 1e999, -1]}')
-        await until(lambda: bool(store.reads))
-        assert [ids for _, ids in store.reads] == [[7]]
+        notify(store, '{"ids":[7, 9223372036854775808, 1e999, -1]}')
+        await until(lambda: bool(ids_read(store)))
+        assert [ids for _, ids in ids_read(store)] == [[7]]
         assert not task.done() and sync.active, "still syncing"
         assert sync.garbled == 202
         stopping.set()

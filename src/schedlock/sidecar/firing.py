@@ -24,6 +24,7 @@ import logging
 import random
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from schedlock.core.aio import RateLimit, now, sleep_unless
 from schedlock.core.identities import Scheduler, slot_uid
@@ -36,10 +37,9 @@ from schedlock.core.scheduling import (
     parse_schedule,
     plan_recurring,
 )
-from schedlock.sidecar.delivery import BodyError, Deliverer
+from schedlock.sidecar.delivery import BodyError, Delivery
 from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
-from schedlock.sidecar.target import TargetWatch
 from schedlock.store import (
     Channel,
     Completion,
@@ -73,16 +73,33 @@ class FiringOptions:
     shutdown_grace_seconds: float
 
 
+class Deliveries(Protocol):
+    """What the loop asks of delivery (``schedlock.sidecar.delivery.Deliverer``)."""
+
+    async def deliver(self, row: FireRow, term: int) -> Delivery: ...
+
+
+class AppCheck(Protocol):
+    """What the loop asks of its app's watch (``schedlock.sidecar.target.TargetWatch``)."""
+
+    reason: str
+
+    @property
+    def up(self) -> bool: ...
+    def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool: ...
+    async def confirm(self, failure: str = ...) -> bool: ...
+
+
 @dataclass(eq=False)
 class Firer:
     """``LeaderWork`` for one key: called by the elector each time this replica leads."""
 
     store: Store
-    deliverer: Deliverer
+    deliverer: Deliveries
     metrics: SidecarMetrics
     options: FiringOptions
     _: KW_ONLY
-    app: TargetWatch
+    app: AppCheck
     rng: random.Random = field(default_factory=random.Random)
 
     async def __call__(self, leadership: Leadership, stopping: asyncio.Event) -> None:
