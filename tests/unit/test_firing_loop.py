@@ -140,7 +140,7 @@ def start(
     options = FiringOptions(
         batch_size=10, concurrency=concurrency, poll_seconds=poll, shutdown_grace_seconds=grace
     )
-    firer = Firer(None, app, SidecarMetrics(), options, app=app)  # type: ignore[arg-type]
+    firer = Firer(app, SidecarMetrics(), options, app=app)  # type: ignore[arg-type]
     leadership = Leadership(
         key=KEY,
         session=rows,  # type: ignore[arg-type]

@@ -214,9 +214,7 @@ class Sidecar:
             signing_secret=s.signing_secret(),
             holder=s.holder_name,
         ) as deliverer:
-            firer = Firer(
-                self.store, deliverer, self.metrics, options, app=self.app, rng=random.Random()
-            )
+            firer = Firer(deliverer, self.metrics, options, app=self.app, rng=random.Random())
             # One elector, one session, for every key of the target (schedlock.sidecar.lock).
             self.electors = [
                 Elector(

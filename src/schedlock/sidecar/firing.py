@@ -46,7 +46,6 @@ from schedlock.store import (
     DueSchedule,
     FireRow,
     LeadershipLost,
-    Store,
     StoreError,
 )
 from schedlock.store.notices import GARBLED_LOG_SECONDS, parse_rows
@@ -77,7 +76,6 @@ class FiringOptions:
 class Firer:
     """``LeaderWork`` for one key: called by the elector each time this replica leads."""
 
-    store: Store
     deliverer: Deliverer
     metrics: SidecarMetrics
     options: FiringOptions

@@ -93,7 +93,6 @@ class Sessions(Protocol):
     """What a store and a dialect's connector both offer: sessions, roles and closing."""
 
     dialect: str
-    always_leader: bool
     url: str
 
     async def close(self) -> None: ...

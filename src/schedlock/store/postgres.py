@@ -997,7 +997,6 @@ class PostgresConnector:
     """
 
     dialect = "postgres"
-    always_leader = False
     codec = CODEC
 
     def __init__(

@@ -240,7 +240,6 @@ class _HeldLocally:
 
 class SqliteConnector:
     dialect = "sqlite"
-    always_leader = True
     codec = CODEC
 
     def __init__(self, url: str) -> None:

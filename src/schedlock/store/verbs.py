@@ -227,7 +227,6 @@ class SqlStore:
         self.connector = connector
         self.codec = connector.codec
         self.dialect = connector.dialect
-        self.always_leader = connector.always_leader
         self.url = connector.url
 
     async def close(self) -> None:
