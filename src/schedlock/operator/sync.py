@@ -29,7 +29,7 @@ Missed) for the same generation is not news but a row that went back in time: th
 keeps the outcome and the sync wakes the re-assertion, which stores the row in it again.
 
 Exactly one operator replica syncs at a time: the one holding the advisory lock
-``(SCHEDLOCK_CLASS_ID, 1)`` on its own session; the others wait in ``pg_advisory_lock``.
+``(SCHEDLOCK_CLASS_ID, SYNC_LOCK_OBJID)`` on its own session; the others wait in ``pg_advisory_lock``.
 """
 
 from __future__ import annotations
@@ -43,11 +43,13 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from schedlock.core.aio import Backoff, RateLimit, sleep_unless, unless_set
-from schedlock.core.identities import Scheduler, schedule_uid_of
+from schedlock.core.identities import Scheduler, is_cli_uid, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
 from schedlock.operator.kube import Kube, KubeError
 from schedlock.store import (
+    SWEEP_PAGE,
+    SYNC_LOCK_OBJID,
     Channel,
     HeldLock,
     PublishRecord,
@@ -57,10 +59,8 @@ from schedlock.store import (
     SyncCursor,
 )
 from schedlock.store.notices import GARBLED_LOG_SECONDS, parse_outcomes
-from schedlock.store.verbs import SWEEP_PAGE
 
 log = logging.getLogger("schedlock.operator.sync")
-SYNC_LOCK_OBJID = 1
 RETRY_FIRST = 1.0  # seconds: after an interrupted sync, doubling to RETRY_CAP (with jitter)
 RETRY_CAP = 10.0
 LISTEN_READY_SECONDS = 5.0  # how long the first sweep waits for LISTEN to be in place
@@ -303,7 +303,7 @@ class StatusSync:
         latest: dict[str, PublishRecord] = {}
         for record in records:
             uid = object_uid(record)
-            if uid.startswith("cli-"):
+            if is_cli_uid(uid):
                 continue  # rows written by `schedlock publish`/`schedule` have no object
             latest[uid] = record
         slots = asyncio.Semaphore(SYNC_CONCURRENCY)
