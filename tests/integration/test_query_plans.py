@@ -72,7 +72,7 @@ class CapturingSession:
 class CapturingConnector:
     """Enough of a connector for SqlStore's read and admin verbs to build their queries."""
 
-    codec, dialect, url = CODEC, "postgres", "postgresql://capture"
+    codec, dialect, notifies, url = CODEC, "postgres", True, "postgresql://capture"
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[CapturingSession]:

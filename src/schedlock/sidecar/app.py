@@ -200,7 +200,8 @@ class Sidecar:
 
     async def _run_electors(self) -> int:
         s = self.settings
-        poll = min(s.poll_seconds, 1.0) if self.store.dialect == "sqlite" else s.poll_seconds
+        # Without notifications a new row waits for the poll: keep it short then.
+        poll = s.poll_seconds if self.store.notifies else min(s.poll_seconds, 1.0)
         options = FiringOptions(
             batch_size=s.batch_size,
             concurrency=s.concurrency,

@@ -997,6 +997,7 @@ class PostgresConnector:
     """
 
     dialect = "postgres"
+    notifies = True
     codec = CODEC
 
     def __init__(

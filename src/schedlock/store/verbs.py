@@ -226,6 +226,7 @@ class SqlStore:
         self.connector = connector
         self.codec = connector.codec
         self.dialect = connector.dialect
+        self.notifies = connector.notifies
         self.url = connector.url
 
     async def close(self) -> None:
