@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import kopf
-from kopf._core.engines import peering
 
 from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
@@ -242,7 +241,9 @@ async def run_kopf(
                     settings=kopf_settings,
                     # Named, not detected: kopf's detection calls getpass.getuser(), which
                     # raises in an image whose uid (65532) has no passwd entry — its own pod.
-                    identity=peering.Identity(settings.holder_name),
+                    # kopf types it as its Identity, a NewType of str it does not export (at
+                    # run time the str itself): the name is passed as it is.
+                    identity=settings.holder_name,  # type: ignore[arg-type]
                     standalone=True,
                     clusterwide=not settings.watch_namespaces,
                     namespaces=settings.watch_namespaces,
