@@ -24,6 +24,7 @@ from schedlock.core.probes import CannotServe, health_app, serve
 from schedlock.core.settings import EXIT_BAD_SETTING
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
+from schedlock.operator.kube import Kube
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
@@ -199,7 +200,7 @@ async def run_kopf(
     watched = frozenset(settings.watch_namespaces)
     sync = StatusSync(
         store,
-        None,
+        Kube(),  # loads the client configuration at its first call, not here
         sweep_seconds=settings.sweep_seconds,
         holder=settings.holder_name,
         catch_up_seconds=settings.sync_catch_up_seconds,

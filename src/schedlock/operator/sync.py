@@ -46,7 +46,7 @@ from schedlock.core.aio import Backoff, RateLimit, sleep_unless, unless_set
 from schedlock.core.identities import Scheduler, is_cli_uid, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
-from schedlock.operator.kube import Kube, KubeError
+from schedlock.operator.kube import KubeError
 from schedlock.store import (
     SWEEP_PAGE,
     SYNC_LOCK_OBJID,
@@ -134,10 +134,10 @@ async def _close(held: HeldLock) -> None:
 
 @dataclass(eq=False)
 class StatusSync:
-    """The sync; ``kube`` None means the in-cluster client, made at first use."""
+    """The sync: rows in ``store`` -> status and Events through ``kube``."""
 
     store: Store
-    client: KubeApi | None
+    kube: KubeApi
     _: KW_ONLY
     sweep_seconds: float
     holder: str
@@ -162,12 +162,6 @@ class StatusSync:
     )
     # uid -> (the index's snapshot when the sync patched, the status it wrote)
     _written: dict[str, tuple[object, dict[str, Any]]] = field(default_factory=dict, init=False)
-
-    @property
-    def kube(self) -> KubeApi:
-        if self.client is None:
-            self.client = Kube()
-        return self.client
 
     async def run(self, stopping: asyncio.Event) -> None:
         backoff = Backoff(RETRY_FIRST, RETRY_CAP)
