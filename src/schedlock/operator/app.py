@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ import kopf
 from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, health_app, serve
-from schedlock.core.settings import EXIT_BAD_SETTING
+from schedlock.core.settings import EXIT_BAD_SETTING, CommandError
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
 from schedlock.operator.kube import Kube
@@ -41,7 +40,6 @@ from schedlock.store import (
 from schedlock.store.retention import Pruner, RetentionPolicy
 
 log = logging.getLogger("schedlock.operator")
-EXIT_FATAL = 1
 ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts (a burst queues in the pool)
 STOP_SECONDS = 5.0  # how long the status sync and the re-assertion get to stop on their own
 
@@ -129,8 +127,7 @@ async def run(settings: OperatorSettings) -> int:
     try:
         runner, _ = await serve(health_app(readiness), "0.0.0.0", settings.health_port)
     except CannotServe as exc:
-        print(f"schedlock operator: error: {exc} (/healthz, /readyz)", file=sys.stderr)
-        return EXIT_FATAL
+        raise CommandError(f"{exc} (/healthz, /readyz)") from exc
     try:
         with signals_stop(stopping):
             # Database down, not migrated, newer than this binary, missing privileges: stay up
@@ -153,8 +150,7 @@ async def run(settings: OperatorSettings) -> int:
                     "may not serve what it watches, exiting",
                     extra={"event": Event.OPERATOR_FATAL, "error": str(exc)},
                 )
-                print(f"schedlock operator: error: {exc}", file=sys.stderr)
-                return EXIT_BAD_SETTING
+                raise CommandError(str(exc), EXIT_BAD_SETTING) from exc
             if not usable:
                 log.info(
                     "operator stopped before the database was ready",
@@ -253,8 +249,7 @@ async def run_kopf(
             finally:
                 stopping.set()
     except kopf.LoginError as exc:
-        print(f"schedlock operator: error: cannot log in to Kubernetes: {exc}", file=sys.stderr)
-        return EXIT_FATAL
+        raise CommandError(f"cannot log in to Kubernetes: {exc}") from exc
     finally:
         log.info(
             "operator stopped", extra={"event": Event.OPERATOR_STOPPED, "database_ready": True}
