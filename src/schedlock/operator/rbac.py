@@ -7,24 +7,10 @@ Every rule is here because a code path needs it:
 * ``scheduledpublishes/status``: get/patch (handlers and the status sync write ``.status``).
 * ``events`` (core): create/patch (kopf's and the sync's Events).
 
-Every one of them is on a namespaced resource, so where they are granted follows what the
-operator serves (``SCHEDLOCK_WATCH_NAMESPACES``, the chart's ``operator.watchNamespaces``):
-
-* the whole cluster (empty): one ClusterRole with the rules, bound by a ClusterRoleBinding;
-* a list of namespaces: a Role with the same rules in each, bound there by a RoleBinding, and
-  nothing cluster-wide.  kopf run with ``namespaces=[…]`` watches each one on its own
-  namespaced URL; with scanning disabled it neither lists nor watches namespaces or CRDs, and in
-  standalone mode it has no peering objects, so no cluster-scoped rule is needed at all.  API
-  discovery (``/api``, ``/apis``) is open to every authenticated user (``system:discovery``).
-
-Not granted (and tested as refused): delete or create of ScheduledPublish, Secrets, Pods,
-CRDs and namespaces (kopf's scanning is disabled), leases/peering objects (standalone mode),
-and, with a list of namespaces, anything in a namespace not on it.
-
-The chart renders its Roles and bindings from the generated rules file
-(``charts/schedlock/files/operator-rbac-rules.yaml``, ``hack/gen-manifests.py``); the test bed
-builds the same objects from :func:`operator_rules` (``testbed/rbac.py``), and
-tests/integration/test_chart.py checks that ``helm template`` equals them.
+Every one is on a namespaced resource, so with a list of watched namespaces they are granted
+by a Role in each and nothing is needed cluster-wide (kopf's scanning is off and standalone
+mode has no peering objects: docs/architecture.md, "Least privilege").  The chart renders them
+from the generated ``charts/schedlock/files/operator-rbac-rules.yaml`` (``hack/gen-manifests.py``).
 """
 
 from __future__ import annotations
