@@ -66,7 +66,7 @@ RUN rm -rf /usr/share/doc /usr/share/man /usr/share/info /usr/share/python-wheel
       /usr/local/lib/python3.11/lib-dynload/*xx* \
  && find /usr/lib/python3.11 /usr/local/lib/python3.11 -name __pycache__ -prune -exec rm -rf {} + \
  && PYTHONDONTWRITEBYTECODE='' /opt/schedlock/bin/python -c \
-      "import schedlock.sidecar.app, schedlock.store.postgres, schedlock.store.sqlite, psycopg_pool" \
+      "import schedlock.sidecar.process, schedlock.store.postgres, schedlock.store.sqlite, psycopg_pool" \
  && PYTHONDONTWRITEBYTECODE='' /opt/schedlock/bin/schedlock sidecar --help > /dev/null
 
 FROM scratch AS schedlock-sidecar

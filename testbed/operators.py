@@ -22,12 +22,12 @@ import pytest
 from schedlock.core.identities import rfc3339
 from schedlock.operator.crd import crd_manifest
 from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
-from schedlock.operator.rbac import operator_rbac
 from testbed.certs import ServingCert, serving_cert
 from testbed.kube import KubeAPIServer
 from testbed.pg import free_port
 from testbed.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
 from testbed.procs import die_with_parent, terminate
+from testbed.rbac import operator_rbac
 from testbed.sidecars import SidecarGroup, http_get, wait_for
 
 OPERATOR_NAMESPACE = "schedlock-system"

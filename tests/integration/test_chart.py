@@ -31,8 +31,9 @@ from schedlock import __version__
 from schedlock.core.settings import specs
 from schedlock.operator.crd import crd_manifest
 from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
-from schedlock.operator.rbac import operator_rbac, operator_rules
+from schedlock.operator.rbac import operator_rules
 from schedlock.operator.settings import OperatorSettings
+from testbed.rbac import operator_rbac
 from testbed.tools import ToolMissing, tool
 
 REPO = Path(__file__).resolve().parents[2]

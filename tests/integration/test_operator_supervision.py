@@ -13,7 +13,7 @@ import pytest
 
 from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
-from schedlock.operator.app import Readiness
+from schedlock.operator.process import Readiness
 from schedlock.operator.sync import StatusSync
 from schedlock.store import open_store
 from testbed.rows import fetch, insert_rows

@@ -77,7 +77,7 @@ def start(
     options = FiringOptions(
         batch_size=10, concurrency=concurrency, poll_seconds=poll, shutdown_grace_seconds=grace
     )
-    firer = Firer(rows, app, SidecarMetrics(), options, app=app)
+    firer = Firer(app, SidecarMetrics(), options, app=app)
     leadership = Leadership(
         key=KEY,
         session=rows.lock_session(KEY, "me", STEP_DOWN + 2),

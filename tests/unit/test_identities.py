@@ -14,6 +14,8 @@ import pytest
 from schedlock.core import logs
 from schedlock.core.identities import (
     Scheduler,
+    cli_uid,
+    is_cli_uid,
     parse_rfc3339,
     parse_slot_uid,
     rfc3339,
@@ -54,6 +56,15 @@ def test_other_uids_are_not_slots(uid: str) -> None:
         assert scheduler_of(uid) is Scheduler.PUBLISH
     else:
         assert parse_slot_uid(uid) is None
+
+
+def test_a_cli_uid_is_told_apart_from_an_objects_and_a_slots() -> None:
+    """The operator's status sync skips the CLI's rows by their uid alone: no object has one."""
+    uid = cli_uid()
+    assert is_cli_uid(uid) and uid != cli_uid()
+    assert scheduler_of(uid) is Scheduler.PUBLISH
+    for other in ("8d2b7c1e-5a4f-4d9e-b1c2-000000000001", "abc@2026-01-05T09:00:00.000000Z"):
+        assert not is_cli_uid(other)
 
 
 @pytest.mark.parametrize(

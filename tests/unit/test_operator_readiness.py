@@ -1,4 +1,4 @@
-"""The operator's ``/readyz`` (``schedlock.operator.app.Readiness``) follows its background
+"""The operator's ``/readyz`` (``schedlock.operator.process.Readiness``) follows its background
 tasks: a task that died is down, and said by name, until the supervisor has restarted it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 import random
 
 from schedlock.core.aio import Backoff, Supervisor
-from schedlock.operator.app import Readiness
+from schedlock.operator.process import Readiness
 from testbed.virtual_time import run
 
 

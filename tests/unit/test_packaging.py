@@ -106,13 +106,13 @@ def test_the_sidecar_command_imports_nothing_of_the_operator() -> None:
             "    main(['sidecar', '--help'])\n"
             "except SystemExit:\n"
             "    pass\n"
-            "import schedlock.sidecar.app\n"
+            "import schedlock.sidecar.process\n"
             "print(' '.join(sorted(sys.modules)))"
         )
         .splitlines()[-1]
         .split()
     )
-    assert "schedlock.sidecar.app" in loaded
+    assert "schedlock.sidecar.process" in loaded
     unwanted = [
         m
         for m in loaded

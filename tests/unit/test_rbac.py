@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from schedlock.operator.rbac import operator_rbac, operator_rules
+from schedlock.operator.rbac import operator_rules
+from testbed.rbac import operator_rbac
 
 
 def test_cluster_wide_without_watched_namespaces() -> None:

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from schedlock.operator.app import Readiness
+from schedlock.operator.process import Readiness
 from schedlock.store import (
     BadDatabaseUrl,
     ConnectionsExhausted,

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from schedlock.cli.admin import budget_line
-from schedlock.operator.app import ADMIN_POOL_SIZE
+from schedlock.operator.process import ADMIN_POOL_SIZE
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.store import SessionBudget
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from schedlock.sidecar.app import Sidecar
+from schedlock.sidecar.process import Sidecar
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.sidecar.target import TargetWatch
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
-from schedlock.store import queries
+from schedlock.store import open_store, queries
 from schedlock.store.migrations import for_sqlite, migrations
 
 VERB_CALL = re.compile(
@@ -61,3 +62,10 @@ def test_the_lock_statement_asks_for_a_foreign_holder_only_for_a_key() -> None:
     assert "schedlock_foreign_lock_holder(1396919371, -5," in keyed
     assert hostile.encode().hex() in keyed and "DROP" not in keyed
     assert keyed.count("$$") == 2 and "{" not in keyed
+
+
+def test_only_postgresql_announces_row_changes(tmp_path: Path) -> None:
+    """The sidecar polls faster where nothing notifies (SQLite): it asks the store, not its
+    dialect's name."""
+    assert open_store("postgresql://app@db.invalid/app").notifies
+    assert not open_store(f"sqlite:///{tmp_path / 'dev.db'}").notifies

@@ -29,7 +29,7 @@ PROLOG = (
 # one of them imports that module only: the sidecar, in every pod, never loads the operator's
 # modules or the admin commands (tests/unit/test_packaging.py guards it).
 ALONE = {
-    "sidecar": "schedlock.sidecar.app",
+    "sidecar": "schedlock.sidecar.process",
     "operator": "schedlock.operator.command",
     "inject": "schedlock.operator.inject_command",
 }
@@ -44,10 +44,10 @@ def _registrars(command: str | None = None) -> list[Registrar]:
     from schedlock.cli import admin
     from schedlock.operator import command as operator_command
     from schedlock.operator import inject_command
-    from schedlock.sidecar import app as sidecar_app
+    from schedlock.sidecar import process as sidecar_process
 
     return [
-        sidecar_app.add_parser,
+        sidecar_process.add_parser,
         operator_command.add_parser,
         inject_command.add_parser,
         admin.add_parsers,

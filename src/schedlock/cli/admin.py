@@ -13,13 +13,12 @@ import dataclasses
 import json
 import re
 import sys
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO, TypeVar
 
-from schedlock.core.identities import parse_rfc3339, rfc3339
+from schedlock.core.identities import CLI_UID_PREFIX, cli_uid, parse_rfc3339, rfc3339
 from schedlock.core.payloads import (
     MAX_PAYLOAD_BYTES,
     MAX_PAYLOAD_DEPTH,
@@ -318,13 +317,15 @@ parse_name = text(MAX_NAME_LENGTH)
 
 
 def _common(args: argparse.Namespace, command: str) -> _Common:
-    uid = f"cli-{uuid.uuid4()}"
+    uid = cli_uid()
     deadline = None
     if args.deadline_seconds is not None:
         deadline = flag_value("--deadline-seconds", args.deadline_seconds, integer(0, 31_536_000))
     return _Common(
         namespace=flag_value("--namespace", args.namespace, dns_label),
-        name=flag_value("--name", args.name, parse_name) if args.name else f"{command}-{uid[4:12]}",
+        name=flag_value("--name", args.name, parse_name)
+        if args.name
+        else f"{command}-{uid.removeprefix(CLI_UID_PREFIX)[:8]}",
         uid=uid,
         target=flag_value("--target", args.target, dns_label),
         payload=flag_value("--payload", args.payload, read_payload),

@@ -10,16 +10,21 @@
   ``milliseconds`` for log records and the CLI's tables, ``microseconds`` for slot uids,
   ``auto`` (microseconds when there are any) for the delivery's ``scheduledAt`` and the CLI's
   ``dueAt``.  :func:`parse_rfc3339` reads any of them (and ``+00:00`` offsets).
+* The **CLI uid** of a row ``schedlock publish``/``schedule`` inserts: ``cli-<uuid4>``
+  (:func:`cli_uid`).  No object stands behind it, so the operator's status sync skips it
+  (:func:`is_cli_uid`); load generators that insert rows directly use the prefix for the same.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Literal
 
 Precision = Literal["auto", "seconds", "milliseconds", "microseconds"]
 SLOT_SEPARATOR = "@"
+CLI_UID_PREFIX = "cli-"
 
 
 class Scheduler(StrEnum):
@@ -67,3 +72,13 @@ def scheduler_of(uid: str) -> Scheduler:
     """Which scheduler fires a row, told by its uid alone (one-shot uids carry no ``@``:
     Kubernetes uids, CLI and demo uids never do)."""
     return Scheduler.RECURRING if SLOT_SEPARATOR in uid else Scheduler.PUBLISH
+
+
+def cli_uid() -> str:
+    """A new uid for a row the CLI inserts (no object behind it)."""
+    return f"{CLI_UID_PREFIX}{uuid.uuid4()}"
+
+
+def is_cli_uid(uid: str) -> bool:
+    """Whether a row's uid says it has no object behind it (see :func:`cli_uid`)."""
+    return uid.startswith(CLI_UID_PREFIX)

@@ -56,6 +56,6 @@ def with_operator_extra(
 
 
 def run(settings: OperatorSettings, _args: argparse.Namespace) -> int:
-    from schedlock.operator.app import run as run_operator
+    from schedlock.operator.process import run as run_operator
 
     return asyncio.run(run_operator(settings))

@@ -148,7 +148,7 @@ def unreconciled(body: kopf.Body, status: kopf.Status, **_: Any) -> bool:
     reconciled by an earlier run (its row written, or its outcome or invalid spec recorded):
     resuming it would cost a database round trip and a kopf handler run each, for nothing.
     Its row is checked by the re-assertion instead, for every object in one query, right after
-    kopf's initial listing (``schedlock.operator.app``): a row lost while the operator was
+    kopf's initial listing (``schedlock.operator.process``): a row lost while the operator was
     down comes back as before, without a per-object write for the others.
     """
     observed = status.get("observedGeneration")

@@ -1,50 +1,26 @@
 """Sidecar injection, pure: a pod (or pod template) in, the same with the schedlock sidecar out.
 
-Used by the operator's mutating webhook (``/inject``) and by ``schedlock inject`` for people
-who do not want a webhook — one code path, so both add exactly the same container.
+Used by the operator's mutating webhook (``/inject``) and by ``schedlock inject`` — one code
+path, so both add exactly the same container.  docs/install.md has the opt-in label, the
+annotations and their defaults.
 
-A pod opts in with the label ``schedlock.dev/inject: "true"`` (exactly ``"true"``): the chart's
-webhook has an objectSelector on that label, so the API server calls the injector only for pods
-that carry it, never for every pod created in the cluster, and :func:`wants_sidecar` asks for the
-same label so that ``schedlock inject`` and the webhook agree with the selector.  Until 0.1 the
-opt-in was an annotation of that name; an annotation alone no longer opts in (it is reported,
-with the upgrade step, by ``schedlock inject``).  Everything else stays in annotations.  The
-target is the annotation ``schedlock.dev/target``, else the label ``app.kubernetes.io/name``. The sidecar is
-a Kubernetes native sidecar (an init container with ``restartPolicy: Always``): it starts
-before the app, keeps running beside it, and stops after it. Its settings come from the pod's
-own namespace: the database URL from a Secret there (``schedlock-database``/``url`` unless the
-operator is told otherwise, or the annotation ``schedlock.dev/database-secret``), the namespace
-and holder from the downward API.
+Invariants:
 
-Signing is opt-in: the annotation ``schedlock.dev/signing-secret: NAME`` (or ``NAME/KEY``; KEY
-defaults to ``signing-secret``), else the operator's default, names a Secret in the pod's
-namespace holding the HMAC key. The sidecar alone mounts that one key read-only from a secret
-volume and reads it from ``SCHEDLOCK_SIGNING_SECRET_FILE``; the secret value never appears in
-a manifest or an annotation, only the Secret's name. An empty annotation turns the operator's
-default off for that pod. A malformed value is never half-applied: the pod is not injected and
-the reason comes back as a warning.
-
-Leadership follows the app: the sidecar competes only while its app answers a readiness check,
-by default a TCP connect to the host and port of the target URL. The annotation
-``schedlock.dev/target-ready-url`` sets another one — ``http(s)://…`` to GET (200-399 is
-ready) or ``tcp://host:port`` — and is validated like the signing annotation: a malformed value
-means no sidecar and a warning.
-
-The target (a DNS label, as the sidecar requires), the ``schedlock.dev/target-url`` annotation
-(an http(s) URL with a port from 1 to 65535) and ``schedlock.dev/database-secret`` (a Secret
-name) are checked the same way, by one table (:data:`ANNOTATION_CHECKS`, the sidecar's own
-parsers): a sidecar that would refuse to start, or a pod the API server would refuse, is never
-made.  A ``schedlock.dev/`` annotation the injector does not read (a typo such as
-``schedlock.dev/target-ulr``, which would otherwise deliver to the default URL unnoticed) is
-refused the same way.  The webhook logs every refusal (``pod_not_injected``) besides warning.
-
-A manifest whose shape no Kubernetes object has (``metadata`` a list, a container a string) is a
-:class:`ManifestError` naming the field: the webhook never sees one (the API server decoded the
-pod), ``schedlock inject`` refuses the input with it.
-
-Invariants: the input is never mutated; a pod that already has the ``schedlock`` container is
-returned unchanged (re-injection is a no-op); names the injector adds never collide with the
-pod's own.
+* Only the label ``schedlock.dev/inject: "true"`` opts in (:func:`wants_sidecar` asks for what
+  the webhook's objectSelector selects); an annotation of that name alone, the opt-in until
+  0.1, does not (``schedlock inject`` reports it with the upgrade step).
+* The sidecar is a Kubernetes native sidecar (an init container with ``restartPolicy:
+  Always``): it starts before the app, runs beside it, stops after it.  Its settings come from
+  the pod's own namespace; a signing key is mounted from a Secret by name, its value never
+  appears in a manifest or an annotation.
+* Nothing is half-applied: every ``schedlock.dev/`` annotation is checked by one table
+  (:data:`ANNOTATION_CHECKS`, the sidecar's own parsers), and a malformed or unknown one (a typo
+  such as ``schedlock.dev/target-ulr``) means no sidecar and a warning, logged
+  (``pod_not_injected``): a sidecar that would refuse to start, or a pod the API server would
+  refuse, is never made.
+* A manifest whose shape no Kubernetes object has is a :class:`ManifestError` naming the field.
+* The input is never mutated; a pod that already has the ``schedlock`` container is returned
+  unchanged (re-injection is a no-op); names the injector adds never collide with the pod's own.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ kopf talks to the API for the handlers; the sync runs outside any handler, so it
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -36,10 +37,20 @@ def _api_client() -> client.ApiClient:
 
 
 class Kube:
-    def __init__(self) -> None:
-        api = _api_client()
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
+    """The calls.  The client's configuration loads at the first call, not when made: a load
+    that fails then fails the sync's run, which its supervisor restarts with back-off."""
+
+    @functools.cached_property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self._api)
+
+    @functools.cached_property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self._api)
+
+    @functools.cached_property
+    def _api(self) -> client.ApiClient:
+        return _api_client()
 
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         def call() -> dict[str, Any] | None:

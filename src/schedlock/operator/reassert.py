@@ -1,42 +1,24 @@
 """Level-triggered re-assertion: every object's row, compared and restored on an interval.
 
-The handlers write a row on create, update and resume — edges.  A row can still disappear or
-go back in time behind them: a restore from a backup, an asynchronous fail-over that lost the
-last transactions, a manual delete, a new empty database.  Every ``reassert_seconds`` this
-loop compares what the objects declare (kopf's in-memory index of every ScheduledPublish, no
-API call) with one query of ``(uid, generation, state)`` for all of them, and writes only what
-differs:
+The handlers write rows on edges; a restore, an asynchronous fail-over or a manual delete can
+lose a row or send it back in time behind them.  Every ``reassert_seconds`` this loop compares
+what kopf's index of the objects declares with one ``(uid, generation, state)`` query and
+writes only what differs.  docs/architecture.md ("The status is the record of an outcome")
+has the rule it shares with retention and the upsert handler (:func:`upsert_rule`).
 
-* a row missing behind an object whose status records no outcome, or a row older than the
-  object's generation: the handlers' own idempotent upsert (keyed by uid + generation, so a
-  pass racing a handler changes nothing twice);
-* an object whose status records a terminal outcome (Published, Failed, Missed) whose row is
-  back in ``scheduled`` or ``suspended``: the row is stored in that outcome (attempts, fire
-  time, term and holder from the status), so it never fires again and the status sync finds
-  nothing to change.  The sync never reflects such a row into the status (it would erase
-  the outcome this pass restores from); it wakes the next pass instead (:meth:`Reasserter.wake`).
+Invariants:
 
-The rule with retention (``schedlock.store.retention`` deletes finished rows after a day):
-**the object's status is the record of its outcome.**  A missing row behind an object whose
-status records a terminal outcome for its current generation is done — pruned or lost, it
-makes no difference — and nothing is written: restoring it would undo every prune, and
-upserting it would fire it again.  Only a row that went *back* (``scheduled``/``suspended``)
-under such a status is restored.  The upsert handler keeps the same rule
-(:func:`upsert_rule`): a resume (operator restart) of an object whose status records an
-outcome for its current generation writes nothing, and a new generation of one whose due time
-did not change (a payload edit after firing) keeps the outcome (``restore_publish``) instead
-of inserting a row that would fire.  The one case no rule can tell apart: an outcome pruned
-*before* the status sync recorded it (the operator down for longer than the retention) leaves
-an object without an outcome and without a row, which is a lost row and is written again; so
-the retention must outlast any operator outage (docs/operations.md, "Retention, table size
-and vacuum").
-
-Invariants: the object is the source of truth, but only once the handlers are done with it
-(``status.observedGeneration`` equals ``metadata.generation``): a newer generation, an object
-the handlers never reached, an invalid spec or one being deleted is theirs.  A row that moved
-on (firing, finished at its generation, a newer generation) is never overwritten.  The decision is
-:func:`plan`, pure; :class:`Reasserter` only reads, writes what the plan says and re-checks
-that an object still exists around each write.
+* The object is the source of truth, but only once the handlers are done with it
+  (``status.observedGeneration`` equals ``metadata.generation``): a newer generation, an object
+  the handlers never reached, an invalid spec or one being deleted is theirs.
+* The status is the record of an outcome: a missing row under a status that records a
+  terminal outcome for the current generation is done (pruned or lost) and nothing is
+  written; a row that went *back* (``scheduled``/``suspended``) under it is stored in that
+  outcome, so it never fires again.
+* A row that moved on (firing, finished at its generation, a newer generation) is never
+  overwritten; a missing or older row is written by the handlers' own idempotent upsert.
+* The decision is :func:`plan`, pure; :class:`Reasserter` only reads, writes what the plan
+  says and re-checks that an object still exists around each write.
 """
 
 from __future__ import annotations

@@ -1,35 +1,17 @@
 """Status sync: outcomes flow from the database back into ``.status`` and Events.
 
-The sidecars NOTIFY ``schedlock_outcomes`` with the row ids of every batch of outcomes; the
-sync LISTENs, reads those rows, computes each object's status (``schedlock.operator.mapping``),
-patches it when it changed and posts the Event the change deserves.  A periodic sweep re-reads
-every row changed since the last sweep, so a lost notification or an operator restart only
-delays a status, never loses it.  Events are decided by comparing with the status already in
-the API, so replays and sweeps do not post twice.
+docs/architecture.md ("Status sync") has the flow and its costs.  What this module keeps:
 
-The status already in the API is read from kopf's in-memory index of the objects (``known``:
-what the watch delivered, no request), so an outcome costs one status PATCH and one Event.
-Until the watch shows the sync's own last write, that write stands for the object's status
-(the index's snapshot is the same object as when it was written).  An object the index does
-not have is gone once kopf has listed the objects (``listed``: kopf fills its indices from
-the initial listing before it calls any resource handler, so the first call sets it) and the
-index covers the row's namespace: its rows cost nothing, however many.  Before that, such an
-object is read with a GET, at most ``UNLISTED_GETS`` per pass (a sweep, or one batch of
-notified outcomes), and an object found gone is not asked for again in the pass
-(:func:`lookup` decides).  The first sweep of the process waits a while for the listing.
-
-Cost independent of history: the sweep starts from a durable cursor (``schedlock_sync_cursors``,
-migration 0006), stored on the database clock after each completed sweep, or, with none (a new
-database, an upgrade from a release without it), from now minus ``catch_up_seconds`` — never
-from the epoch.  Recurring rows cost one schedule read and one ``latest_slot`` probe per
-schedule per batch (rows are collapsed per object first).
-
-A row back in ``scheduled`` under a status that records its outcome (Published, Failed,
-Missed) for the same generation is not news but a row that went back in time: the status
-keeps the outcome and the sync wakes the re-assertion, which stores the row in it again.
-
-Exactly one operator replica syncs at a time: the one holding the advisory lock
-``(SCHEDLOCK_CLASS_ID, 1)`` on its own session; the others wait in ``pg_advisory_lock``.
+* A status is delayed, never lost: a notification (``schedlock_outcomes``) syncs its rows at
+  once, and a sweep from a durable cursor (never from the epoch) makes up for any lost one.
+* Events are decided against the status already in the API (kopf's index, or the sync's own
+  last write until the watch shows it), so replays and sweeps never post twice.
+* Requests are bounded: no GET once kopf has listed the objects (:func:`lookup`), at most
+  ``UNLISTED_GETS`` per pass before.
+* A row back in ``scheduled`` under a status that records its outcome for the same generation
+  is never reflected: the status keeps the outcome and the re-assertion is woken to restore it.
+* One operator replica syncs at a time: the holder of the advisory lock
+  ``(SCHEDLOCK_CLASS_ID, SYNC_LOCK_OBJID)`` on its own session.
 """
 
 from __future__ import annotations
@@ -43,11 +25,13 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from schedlock.core.aio import Backoff, RateLimit, sleep_unless, unless_set
-from schedlock.core.identities import Scheduler, schedule_uid_of
+from schedlock.core.identities import Scheduler, is_cli_uid, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
-from schedlock.operator.kube import Kube, KubeError
+from schedlock.operator.kube import KubeError
 from schedlock.store import (
+    SWEEP_PAGE,
+    SYNC_LOCK_OBJID,
     Channel,
     HeldLock,
     PublishRecord,
@@ -57,10 +41,8 @@ from schedlock.store import (
     SyncCursor,
 )
 from schedlock.store.notices import GARBLED_LOG_SECONDS, parse_outcomes
-from schedlock.store.verbs import SWEEP_PAGE
 
 log = logging.getLogger("schedlock.operator.sync")
-SYNC_LOCK_OBJID = 1
 RETRY_FIRST = 1.0  # seconds: after an interrupted sync, doubling to RETRY_CAP (with jitter)
 RETRY_CAP = 10.0
 LISTEN_READY_SECONDS = 5.0  # how long the first sweep waits for LISTEN to be in place
@@ -134,10 +116,10 @@ async def _close(held: HeldLock) -> None:
 
 @dataclass(eq=False)
 class StatusSync:
-    """The sync; ``kube`` None means the in-cluster client, made at first use."""
+    """The sync: rows in ``store`` -> status and Events through ``kube``."""
 
     store: Store
-    client: KubeApi | None
+    kube: KubeApi
     _: KW_ONLY
     sweep_seconds: float
     holder: str
@@ -162,12 +144,6 @@ class StatusSync:
     )
     # uid -> (the index's snapshot when the sync patched, the status it wrote)
     _written: dict[str, tuple[object, dict[str, Any]]] = field(default_factory=dict, init=False)
-
-    @property
-    def kube(self) -> KubeApi:
-        if self.client is None:
-            self.client = Kube()
-        return self.client
 
     async def run(self, stopping: asyncio.Event) -> None:
         backoff = Backoff(RETRY_FIRST, RETRY_CAP)
@@ -303,7 +279,7 @@ class StatusSync:
         latest: dict[str, PublishRecord] = {}
         for record in records:
             uid = object_uid(record)
-            if uid.startswith("cli-"):
+            if is_cli_uid(uid):
                 continue  # rows written by `schedlock publish`/`schedule` have no object
             latest[uid] = record
         slots = asyncio.Semaphore(SYNC_CONCURRENCY)

@@ -46,7 +46,6 @@ from schedlock.store import (
     DueSchedule,
     FireRow,
     LeadershipLost,
-    Store,
     StoreError,
 )
 from schedlock.store.notices import GARBLED_LOG_SECONDS, parse_rows
@@ -94,7 +93,6 @@ class AppCheck(Protocol):
 class Firer:
     """``LeaderWork`` for one key: called by the elector each time this replica leads."""
 
-    store: Store
     deliverer: Deliveries
     metrics: SidecarMetrics
     options: FiringOptions

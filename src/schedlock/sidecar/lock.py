@@ -145,8 +145,9 @@ UNSAFE = (UnsafeConnection, LockKeyCollision, UnlockFailed)
 # re-leading would re-deliver the rows in flight term after term.  Not fatal at start-up,
 # where a schema not there yet is waited for.
 FATAL = (*UNSAFE, SchemaChanged)
-# Errors that end a session, not the process: reconnect (with back-off).
-RETRIED = (StoreUnavailable, LeadershipLost, StoreError)
+# Errors that end a session, not the process: reconnect (with back-off).  Every store error but
+# FATAL's (caught before it): a lost server (StoreUnavailable), a lost lock (LeadershipLost)…
+RETRIED = (StoreError,)
 # Reconnecting after a lost session: 0.2 s doubling to 5 s (with jitter).
 RECONNECT_FIRST = 0.2
 RECONNECT_CAP = 5.0

@@ -44,12 +44,14 @@ from schedlock.store.keys import (
     LEADER_CLASS_ID,
     SCHEDLOCK_CLASS_ID,
     STANDBY_CLASS_ID,
+    SYNC_LOCK_OBJID,
     LockKey,
     TargetLock,
 )
 from schedlock.store.models import (
     EVERY_NAMESPACE,
     RECORDED_OUTCOMES,
+    SWEEP_PAGE,
     Channel,
     ClaimResult,
     Completion,
@@ -85,6 +87,8 @@ __all__ = [
     "RECORDED_OUTCOMES",
     "SCHEDLOCK_CLASS_ID",
     "STANDBY_CLASS_ID",
+    "SWEEP_PAGE",
+    "SYNC_LOCK_OBJID",
     "BadDatabaseUrl",
     "Channel",
     "ClaimResult",

@@ -93,7 +93,9 @@ class Sessions(Protocol):
     """What a store and a dialect's connector both offer: sessions, roles and closing."""
 
     dialect: str
-    always_leader: bool
+    # Whether row changes are announced (PostgreSQL's NOTIFY); without it (SQLite) ``listen``
+    # never delivers, and the loops wake on their timers and a shorter safety poll.
+    notifies: bool
     url: str
 
     async def close(self) -> None: ...

@@ -8,6 +8,9 @@ uses the two-int4 form, so bigint locks taken by other applications can never co
 * ``objid``   = the first four bytes of SHA-256 over the UTF-8 text
   ``"schedlock/v1/<scheduler>/<namespace>/<target>"``, read big-endian as a signed int4.
 
+Two locks of the same class have fixed objids: ``MIGRATIONS_OBJID`` (0) serialises migrations,
+``SYNC_LOCK_OBJID`` (1) elects the operator replica that syncs status.
+
 Another application that also uses the two-int4 form with class 0x53434C4B would collide; pick
 a different class there.  Two schedlock keys whose hashes collide (probability ~n²/2³³) would
 share one leader and starve each other, so the store registers every key's ids under a UNIQUE
@@ -50,6 +53,7 @@ SCHEDLOCK_CLASS_ID = 0x53434C4B
 STANDBY_CLASS_ID = 0x53434C53
 LEADER_CLASS_ID = 0x53434C54
 MIGRATIONS_OBJID = 0  # the lock that serialises migrations: (SCHEDLOCK_CLASS_ID, 0)
+SYNC_LOCK_OBJID = 1  # the operator replica that syncs status holds (SCHEDLOCK_CLASS_ID, 1)
 
 
 def objid_for(text: str) -> int:

@@ -385,6 +385,9 @@ class SyncCursor:
     now: datetime
 
 
+SWEEP_PAGE = 500  # rows per read of the operator's sweep (a shorter page is the last)
+
+
 @dataclass(frozen=True)
 class SweepPosition:
     """Where the operator's sweep goes on: rows changed at ``at`` with an id above

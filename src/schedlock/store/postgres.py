@@ -947,7 +947,7 @@ class PostgresLockSession(LockVerbs):
             )
 
 
-class HeldLock:
+class PostgresHeldLock:
     """A session-level advisory lock held by one dedicated connection; closing releases it."""
 
     def __init__(self, conn: Conn) -> None:
@@ -997,7 +997,7 @@ class PostgresConnector:
     """
 
     dialect = "postgres"
-    always_leader = False
+    notifies = True
     codec = CODEC
 
     def __init__(
@@ -1292,7 +1292,7 @@ class PostgresConnector:
 
         await _guard(run())
 
-    async def hold_lock(self, objid: int, holder: str) -> HeldLock:
+    async def hold_lock(self, objid: int, holder: str) -> PostgresHeldLock:
         """Block until this process holds ``(SCHEDLOCK_CLASS_ID, objid)`` on its own session."""
         conn = await connect(self.url, application_name=holder, schema=self.schema)
         try:
@@ -1300,4 +1300,4 @@ class PostgresConnector:
         except BaseException:
             await conn.close()
             raise
-        return HeldLock(conn)
+        return PostgresHeldLock(conn)

@@ -240,7 +240,7 @@ class _HeldLocally:
 
 class SqliteConnector:
     dialect = "sqlite"
-    always_leader = True
+    notifies = False  # one process, no NOTIFY
     codec = CODEC
 
     def __init__(self, url: str) -> None:

@@ -52,7 +52,6 @@ M = TypeVar("M")
 # The sweep re-reads this far behind the database clock: a row whose statement began before
 # now() may commit after it (re-reading is harmless, syncing is idempotent).
 SWEEP_OVERLAP = timedelta(seconds=5)
-SWEEP_PAGE = 500  # rows per read of the sweep
 
 
 def orphan_exhausted(row: models.FireRow) -> str:
@@ -227,7 +226,7 @@ class SqlStore:
         self.connector = connector
         self.codec = connector.codec
         self.dialect = connector.dialect
-        self.always_leader = connector.always_leader
+        self.notifies = connector.notifies
         self.url = connector.url
 
     async def close(self) -> None:
@@ -419,7 +418,7 @@ class SqlStore:
         return await self._models(models.RowVersion, "row_versions", {"uids": list(uids)})
 
     async def changed_since(
-        self, since: models.SweepPosition, limit: int = SWEEP_PAGE
+        self, since: models.SweepPosition, limit: int = models.SWEEP_PAGE
     ) -> tuple[list[models.PublishRecord], models.SweepPosition]:
         """Rows changed since ``since`` and the position to pass next time (database clock):
         after the last row read while pages are full, else ``SWEEP_OVERLAP`` before now."""

@@ -12,19 +12,18 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import kopf
-from kopf._core.engines import peering
 
 from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, health_app, serve
-from schedlock.core.settings import EXIT_BAD_SETTING
+from schedlock.core.settings import EXIT_BAD_SETTING, CommandError
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
+from schedlock.operator.kube import Kube
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
@@ -41,7 +40,6 @@ from schedlock.store import (
 from schedlock.store.retention import Pruner, RetentionPolicy
 
 log = logging.getLogger("schedlock.operator")
-EXIT_FATAL = 1
 ADMIN_POOL_SIZE = 4  # database sessions for the handlers' upserts (a burst queues in the pool)
 STOP_SECONDS = 5.0  # how long the status sync and the re-assertion get to stop on their own
 
@@ -129,8 +127,7 @@ async def run(settings: OperatorSettings) -> int:
     try:
         runner, _ = await serve(health_app(readiness), "0.0.0.0", settings.health_port)
     except CannotServe as exc:
-        print(f"schedlock operator: error: {exc} (/healthz, /readyz)", file=sys.stderr)
-        return EXIT_FATAL
+        raise CommandError(f"{exc} (/healthz, /readyz)") from exc
     try:
         with signals_stop(stopping):
             # Database down, not migrated, newer than this binary, missing privileges: stay up
@@ -153,8 +150,7 @@ async def run(settings: OperatorSettings) -> int:
                     "may not serve what it watches, exiting",
                     extra={"event": Event.OPERATOR_FATAL, "error": str(exc)},
                 )
-                print(f"schedlock operator: error: {exc}", file=sys.stderr)
-                return EXIT_BAD_SETTING
+                raise CommandError(str(exc), EXIT_BAD_SETTING) from exc
             if not usable:
                 log.info(
                     "operator stopped before the database was ready",
@@ -200,7 +196,7 @@ async def run_kopf(
     watched = frozenset(settings.watch_namespaces)
     sync = StatusSync(
         store,
-        None,
+        Kube(),  # loads the client configuration at its first call, not here
         sweep_seconds=settings.sweep_seconds,
         holder=settings.holder_name,
         catch_up_seconds=settings.sync_catch_up_seconds,
@@ -242,7 +238,9 @@ async def run_kopf(
                     settings=kopf_settings,
                     # Named, not detected: kopf's detection calls getpass.getuser(), which
                     # raises in an image whose uid (65532) has no passwd entry — its own pod.
-                    identity=peering.Identity(settings.holder_name),
+                    # kopf types it as its Identity, a NewType of str it does not export (at
+                    # run time the str itself): the name is passed as it is.
+                    identity=settings.holder_name,  # type: ignore[arg-type]
                     standalone=True,
                     clusterwide=not settings.watch_namespaces,
                     namespaces=settings.watch_namespaces,
@@ -251,8 +249,7 @@ async def run_kopf(
             finally:
                 stopping.set()
     except kopf.LoginError as exc:
-        print(f"schedlock operator: error: cannot log in to Kubernetes: {exc}", file=sys.stderr)
-        return EXIT_FATAL
+        raise CommandError(f"cannot log in to Kubernetes: {exc}") from exc
     finally:
         log.info(
             "operator stopped", extra={"event": Event.OPERATOR_STOPPED, "database_ready": True}

@@ -25,13 +25,12 @@ import functools
 import logging
 import random
 import signal
-import sys
 
 from schedlock.core.aio import Supervisor, restart_backoff
 from schedlock.core.logs import Event
 from schedlock.core.probes import CannotServe, serve
 from schedlock.core.redact import Scrubber, printable, redact, secrets_of
-from schedlock.core.settings import EXIT_BAD_SETTING, add_command
+from schedlock.core.settings import EXIT_BAD_SETTING, EXIT_FAILED, CommandError, add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.http import build_app
@@ -52,7 +51,6 @@ from schedlock.store import (
 from schedlock.store.retention import Pruner, RetentionPolicy, retention_by_state
 
 log = logging.getLogger("schedlock.sidecar")
-EXIT_FATAL = 1
 
 
 class Sidecar:
@@ -136,8 +134,7 @@ class Sidecar:
                 self.settings.http_port,
             )
         except CannotServe as exc:
-            print(f"schedlock sidecar: error: {exc} (/metrics, /healthz, /readyz)", file=sys.stderr)
-            return EXIT_FATAL
+            raise CommandError(f"{exc} (/metrics, /healthz, /readyz)") from exc
         log.info(
             "sidecar started",
             extra={
@@ -153,6 +150,8 @@ class Sidecar:
         )
         # The app check runs from the start (the electors wait on it) under its own group: a
         # check that dies of a bug is restarted with back-off and /readyz says so meanwhile.
+        # An error that ends the process is raised once everything is closed, not through it.
+        ending: CommandError | None = None
         try:
             async with Supervisor("checks", stopping=self.stopping, logger=log) as checks:
                 self.checks = checks
@@ -168,18 +167,20 @@ class Sidecar:
                         log=log,
                         fatal=(*UNSAFE, NamespaceNotServed),
                     )
-                    if not usable:
-                        return 0
-                    return await self._run_electors()
+                    if usable:
+                        await self._run_electors()
                 except NamespaceNotServed as exc:  # a configuration error: exit 2, before any lock
-                    return _exiting("may not serve this namespace, exiting", exc, EXIT_BAD_SETTING)
+                    ending = _ending("may not serve this namespace, exiting", exc, EXIT_BAD_SETTING)
                 except FATAL as exc:
-                    return _exiting("cannot run safely, exiting", exc, EXIT_FATAL)
+                    ending = _ending("cannot run safely, exiting", exc, EXIT_FAILED)
                 finally:
                     checking.cancel()
         finally:
             await runner.cleanup()
             await self.store.close()
+        if ending is not None:
+            raise ending
+        return 0
 
     async def _check_app(self) -> None:
         async with self.app:
@@ -198,9 +199,10 @@ class Sidecar:
         if isinstance(error, (StoreUnavailable, SchemaNotCurrent)):
             self.metrics.database_up.set(0)
 
-    async def _run_electors(self) -> int:
+    async def _run_electors(self) -> None:
         s = self.settings
-        poll = min(s.poll_seconds, 1.0) if self.store.dialect == "sqlite" else s.poll_seconds
+        # Without notifications a new row waits for the poll: keep it short then.
+        poll = s.poll_seconds if self.store.notifies else min(s.poll_seconds, 1.0)
         options = FiringOptions(
             batch_size=s.batch_size,
             concurrency=s.concurrency,
@@ -214,9 +216,7 @@ class Sidecar:
             signing_secret=s.signing_secret(),
             holder=s.holder_name,
         ) as deliverer:
-            firer = Firer(
-                self.store, deliverer, self.metrics, options, app=self.app, rng=random.Random()
-            )
+            firer = Firer(deliverer, self.metrics, options, app=self.app, rng=random.Random())
             # One elector, one session, for every key of the target (schedlock.sidecar.lock).
             self.electors = [
                 Elector(
@@ -259,7 +259,6 @@ class Sidecar:
                     "pruner", lambda: pruner.run(self.stopping, self._leads), restart_backoff()
                 )
         log.info("sidecar stopped", extra={"event": Event.SIDECAR_STOPPED})
-        return 0
 
     def _pruner(self) -> Pruner:
         """Every sidecar that leads a key contends for the pruning lease, on a short session of
@@ -280,11 +279,10 @@ class Sidecar:
         return any(e.role is Role.LEADING for e in self.electors)
 
 
-def _exiting(message: str, exc: Exception, code: int) -> int:
-    """Log why the process ends and say it in one line on stderr; ``code`` to exit with."""
+def _ending(message: str, exc: Exception, code: int) -> CommandError:
+    """Log why the process ends; the error the CLI says in one line, exiting with ``code``."""
     log.error(message, extra={"event": Event.SIDECAR_FATAL, "error": str(exc)})
-    print(f"schedlock sidecar: error: {exc}", file=sys.stderr)
-    return code
+    return CommandError(str(exc), code)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
