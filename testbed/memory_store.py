@@ -43,6 +43,7 @@ from schedlock.sidecar.delivery import Delivery
 from schedlock.sidecar.firing import AppCheck, Deliveries
 from schedlock.sidecar.lock import AppPresence
 from schedlock.store import (
+    SWEEP_PAGE,
     ClaimResult,
     Completion,
     ConnectionsExhausted,
@@ -74,7 +75,7 @@ from schedlock.store import (
     UpsertResult,
 )
 from schedlock.store.contract import HeldLock, Maintenance
-from schedlock.store.verbs import SWEEP_OVERLAP, SWEEP_PAGE
+from schedlock.store.verbs import SWEEP_OVERLAP
 
 KEY = LockKey("publish", "default", "demo")
 DB_EPOCH = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -131,7 +132,7 @@ class MemoryStore:
     clock: Callable[[], float] = now
     db_clock: Callable[[], datetime] = _db_clock
     dialect: str = "memory"
-    always_leader: bool = False
+    notifies: bool = True  # :meth:`notify` reaches the listeners, as NOTIFY does
     url: str = "memory://"
     # connections
     refuse: bool = False

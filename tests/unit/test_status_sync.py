@@ -18,8 +18,7 @@ from schedlock.operator.sync import (
     lookup,
     start_from,
 )
-from schedlock.store import PublishRecord, ScheduleRecord, SweepPosition, SyncCursor
-from schedlock.store.verbs import SWEEP_PAGE
+from schedlock.store import SWEEP_PAGE, PublishRecord, ScheduleRecord, SweepPosition, SyncCursor
 from testbed.memory_store import MemoryStore
 
 

@@ -18,10 +18,9 @@ from schedlock.core.aio import now
 from schedlock.operator.sync import (
     LISTING_WAIT_SECONDS,
     SYNC_CURSOR,
-    SYNC_LOCK_OBJID,
     StatusSync,
 )
-from schedlock.store import Channel
+from schedlock.store import SYNC_LOCK_OBJID, Channel
 from schedlock.store.verbs import SWEEP_OVERLAP
 from testbed.memory_store import MemoryStore
 from testbed.virtual_time import START, run
