@@ -87,7 +87,7 @@ from types import FrameType
 from typing import Any, ClassVar
 
 from testbed import pg, procs
-from testbed.cluster import Cluster, ClusterError, check_prerequisites
+from testbed.cluster import Cluster
 from testbed.helm import Helm
 from testbed.incluster import (
     IMAGES_SH,
@@ -98,6 +98,8 @@ from testbed.incluster import (
     ProjectImages,
 )
 from testbed.kube import KubeToolsMissingError, resolve_tool_dir
+from testbed.node.errors import ClusterError
+from testbed.node.prerequisites import check_prerequisites
 from testbed.procs import Proc
 
 REPO = Path(__file__).resolve().parents[1]
