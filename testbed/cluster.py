@@ -268,7 +268,9 @@ class Cluster(StartStop):
         state = {
             "workdir": str(self.workdir),
             "pid": os.getpid(),
-            "pid_start": procs.start_time(os.getpid()),
+            # A string, as every earlier version wrote it: a run of another checkout must
+            # still see this one alive (an int never equals its string start time).
+            "pid_start": str(procs.start_time(os.getpid())),
             "host": HostState.capture().to_json(),
         }
         text = json.dumps(state, indent=1)
