@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster import Cluster, ClusterPrerequisiteMissing, check_prerequisites
+from testbed.cluster import Cluster
+from testbed.node.errors import ClusterPrerequisiteMissing
+from testbed.node.prerequisites import check_prerequisites
 from testbed.oci import ImageBuildError, probe_image
 
 __all__ = ["cluster", "cluster_free_host", "cluster_namespace", "probe"]

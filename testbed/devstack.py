@@ -86,8 +86,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
 
-from testbed import pg
-from testbed.cluster import Cluster, ClusterError, check_prerequisites
+from testbed import pg, procs
+from testbed.cluster import Cluster
 from testbed.helm import Helm
 from testbed.incluster import (
     IMAGES_SH,
@@ -98,6 +98,9 @@ from testbed.incluster import (
     ProjectImages,
 )
 from testbed.kube import KubeToolsMissingError, resolve_tool_dir
+from testbed.node.errors import ClusterError
+from testbed.node.prerequisites import check_prerequisites
+from testbed.procs import Proc
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_DIR_ENV = "SCHEDLOCK_DEV_DIR"
@@ -172,74 +175,6 @@ class Paths:
 # --------------------------------------------------------------------------- processes
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks since boot) of PID, None if there is none."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # comm may hold spaces and parentheses
-    return fields[0], int(fields[19])
-
-
-def _start_time(pid: int) -> int | None:
-    """Start time of a live PID; None when it is gone or a zombie (we may not be its parent)."""
-    stat = _proc_stat(pid)
-    if stat is None or stat[0] in ("Z", "X"):
-        return None
-    return stat[1]
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
-
-
-@dataclass(frozen=True)
-class Proc:
-    """A process by pid and start time, so a recycled pid is never mistaken for it."""
-
-    name: str
-    pid: int
-    start: int
-
-    @classmethod
-    def of(cls, name: str, pid: int) -> Proc | None:
-        start = _start_time(pid)
-        return None if start is None else cls(name, pid, start)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Proc:
-        return cls(str(data["name"]), int(data["pid"]), int(data["start"]))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "pid": self.pid, "start": self.start}
-
-    def alive(self) -> bool:
-        return _start_time(self.pid) == self.start
-
-
-def _kill_group(pid: int, sig: signal.Signals) -> None:
-    """Signal PID's process group when PID leads one (our servers do), else PID alone."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-
-
-def _wait_gone(procs: Sequence[Proc], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(proc.alive() for proc in procs):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 Marker = tuple[str, ...]
 
 
@@ -250,17 +185,8 @@ def _matches(argv: Sequence[str], marker: Marker) -> bool:
 
 
 def _find(markers: Sequence[Marker]) -> list[Proc]:
-    """Live processes (other than this one) whose arguments contain one of MARKERS."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        argv = _argv(int(entry.name))
-        if argv and any(_matches(argv, marker) for marker in markers):
-            proc = Proc.of(Path(argv[0]).name, int(entry.name))
-            if proc is not None:
-                found.append(proc)
-    return found
+    """Live processes (not this one nor its ancestors) whose arguments contain one of MARKERS."""
+    return procs.find(lambda _pid, argv: any(_matches(argv, marker) for marker in markers))
 
 
 def _supervisor_marker(paths: Paths) -> Marker:
@@ -273,37 +199,12 @@ def _stack_markers(paths: Paths) -> list[Marker]:
     ]
 
 
-def _descendants(pids: Sequence[int]) -> list[Proc]:
-    """Live descendants of PIDS. PostgreSQL's children setsid(), so killing the postmaster's
-    group misses them (they do exit on postmaster death, but not at once)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                text = (entry / "stat").read_text()
-                ppid = int(text[text.rindex(")") + 2 :].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    found: list[Proc] = []
-    pending = list(pids)
-    while pending:
-        for pid in children.get(pending.pop(), []):
-            proc = Proc.of((_argv(pid) or ["?"])[0], pid)  # PostgreSQL sets titles there
-            if proc is not None:
-                found.append(proc)
-                pending.append(pid)
-    return found
-
-
 def _sweep(paths: Paths) -> list[Proc]:
-    """SIGKILL whatever process of this stack is still alive; return what was killed."""
+    """SIGKILL whatever process of this stack is still alive, with its process group and its
+    descendants (PostgreSQL's children setsid(), so a group kill misses them); return the
+    processes found by their arguments."""
     leftovers = _find(_stack_markers(paths))
-    extra = _descendants([proc.pid for proc in leftovers])
-    for proc in leftovers:
-        _kill_group(proc.pid, signal.SIGKILL)
-    for proc in extra:
-        if proc.alive():
-            _kill_group(proc.pid, signal.SIGKILL)
-    _wait_gone([*leftovers, *extra], 10)
+    procs.sweep([*leftovers, *procs.descendants(leftovers)], 10, groups=True)
     return leftovers
 
 
@@ -331,10 +232,10 @@ def recorded_processes(state: dict[str, Any] | None) -> list[Proc]:
     """Every process STATE names: the supervisor and the components' servers."""
     if state is None:
         return []
-    procs = [Proc.from_json(state["supervisor"])] if "supervisor" in state else []
+    recorded = [Proc.from_json(state["supervisor"])] if "supervisor" in state else []
     for component in state.get("components", {}).values():
-        procs += [Proc.from_json(item) for item in component.get("processes", [])]
-    return procs
+        recorded += [Proc.from_json(item) for item in component.get("processes", [])]
+    return recorded
 
 
 def running_supervisor(paths: Paths) -> Proc | None:
@@ -342,7 +243,7 @@ def running_supervisor(paths: Paths) -> Proc | None:
     marker = _supervisor_marker(paths)
     with contextlib.suppress(OSError, ValueError, IndexError):
         pid = int(paths.pidfile.read_text().split()[0])
-        if _matches(_argv(pid), marker):
+        if _matches(procs.argv(pid), marker):
             proc = Proc.of("supervisor", pid)
             if proc is not None:
                 return proc
@@ -630,10 +531,10 @@ class Supervisor:
         _write_atomic(self.paths.state, json.dumps(self.state, indent=2) + "\n")
 
     def _record(self, component: Component, **extra: Any) -> None:
-        procs = [Proc.of(name, pid) for name, pid in component.processes().items()]
+        running = [Proc.of(name, pid) for name, pid in component.processes().items()]
         self.state["components"][component.name] = {
             **extra,
-            "processes": [proc.to_json() for proc in procs if proc is not None],
+            "processes": [proc.to_json() for proc in running if proc is not None],
         }
         self._save()
 
@@ -781,12 +682,12 @@ def _preflight() -> str | None:
 
 def _stop(paths: Paths, supervisor: Proc, timeout: float) -> list[Proc]:
     """SIGTERM the supervisor and wait; then SIGKILL what is left. Returns what was killed."""
-    _kill_group(supervisor.pid, signal.SIGTERM)
-    if _wait_gone([supervisor], timeout):
+    procs.signal_group(supervisor.pid, signal.SIGTERM)
+    if procs.wait_gone([supervisor], timeout):
         return _sweep(paths)
     log.warning("the supervisor did not exit in %.0f s: killing its process group", timeout)
-    _kill_group(supervisor.pid, signal.SIGKILL)
-    _wait_gone([supervisor], 10)
+    procs.signal_group(supervisor.pid, signal.SIGKILL)
+    procs.wait_gone([supervisor], 10)
     return [supervisor, *_sweep(paths)]
 
 
@@ -878,8 +779,8 @@ def _wait_ready(paths: Paths, process: subprocess.Popen[bytes], deadline: float)
         time.sleep(0.05)
 
 
-def _describe_procs(procs: Sequence[Proc]) -> str:
-    return ", ".join(f"{proc.name} (pid {proc.pid})" for proc in procs)
+def _describe_procs(listed: Sequence[Proc]) -> str:
+    return ", ".join(f"{proc.name} (pid {proc.pid})" for proc in listed)
 
 
 def down(paths: Paths, timeout: float = DOWN_TIMEOUT) -> int:

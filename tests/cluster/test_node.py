@@ -24,15 +24,10 @@ from typing import Any
 
 import pytest
 
-from testbed.cluster import (
-    BRIDGE,
-    DNS_SERVICE_IP,
-    HOST_IP,
-    Cluster,
-    ClusterBusy,
-    HostState,
-    host_state_differences,
-)
+from testbed.cluster import Cluster
+from testbed.node.errors import ClusterBusy
+from testbed.node.host import HostState, host_state_differences
+from testbed.node.plan import BRIDGE, DNS_SERVICE_IP, HOST_IP
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 120

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster import (
-    HOST_REGISTRY,
-    Cluster,
-    ClusterPrerequisiteMissing,
-    check_prerequisites,
-)
+from testbed.cluster import Cluster
+from testbed.node.errors import ClusterPrerequisiteMissing
+from testbed.node.plan import HOST_REGISTRY
+from testbed.node.prerequisites import check_prerequisites
 
 
 def test_missing_node_tools_are_named_with_the_command_that_builds_them(

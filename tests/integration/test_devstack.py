@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from testbed.cluster import SHORT_SOCKET_DIR, HostState, host_state_differences
+from testbed.node.host import HostState, host_state_differences
+from testbed.node.plan import SHORT_SOCKET_DIR
 from testbed.pg import pg_bindir
 from testbed.tools import tool
 
