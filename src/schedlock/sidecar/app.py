@@ -28,13 +28,13 @@ import signal
 import sys
 
 from schedlock.core.aio import Supervisor, restart_backoff
+from schedlock.core.httpio import CannotServe, serve
 from schedlock.core.logs import Event
-from schedlock.core.probes import CannotServe, serve
 from schedlock.core.redact import Scrubber, printable, redact, secrets_of
 from schedlock.core.settings import EXIT_BAD_SETTING, add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
-from schedlock.sidecar.http import build_app
+from schedlock.sidecar.http import endpoints
 from schedlock.sidecar.lock import FATAL, RETRIED, UNSAFE, Elector, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
@@ -130,14 +130,15 @@ class Sidecar:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            runner, self.http_port = await serve(
-                build_app(self.metrics.registry, self.readiness),
+            server = await serve(
+                endpoints(self.metrics.registry, self.readiness),
                 self.settings.http_host,
                 self.settings.http_port,
             )
         except CannotServe as exc:
             print(f"schedlock sidecar: error: {exc} (/metrics, /healthz, /readyz)", file=sys.stderr)
             return EXIT_FATAL
+        self.http_port = server.port
         log.info(
             "sidecar started",
             extra={
@@ -178,7 +179,7 @@ class Sidecar:
                 finally:
                     checking.cancel()
         finally:
-            await runner.cleanup()
+            await server.close()
             await self.store.close()
 
     async def _check_app(self) -> None:
