@@ -12,10 +12,10 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
-import aiohttp
 import pytest
 from aiohttp import web
 
+from schedlock.core.httpio import BadAnswer, CannotConnect, Disconnected, HttpClient, TlsFailed
 from schedlock.core.settings import SettingError, build, check_url
 from schedlock.core.timings import LeaseTimings
 from schedlock.sidecar.delivery import Deliverer, lost_connection
@@ -196,12 +196,11 @@ def test_settings_defaults_and_a_bad_value() -> None:
     [
         (ConnectionRefusedError(111, "Connection refused"), True),
         (ConnectionResetError(104, "Connection reset by peer"), True),
-        (aiohttp.ServerDisconnectedError(), True),
-        (aiohttp.ClientOSError(104, "reset"), True),
+        (CannotConnect(ConnectionRefusedError(111, "Connect call failed")), True),
+        (Disconnected("the app closed the connection before answering"), True),
         (TimeoutError(), False),
-        (aiohttp.ServerTimeoutError("read timeout"), False),
-        (aiohttp.ClientPayloadError("truncated body"), False),
-        (aiohttp.TooManyRedirects(None, ()), False),  # type: ignore[arg-type]
+        (TlsFailed("certificate verify failed"), False),
+        (BadAnswer("the app's answer is not HTTP/1.1"), False),
     ],
 )
 def test_lost_connection_versus_an_answer(exc: BaseException, lost: bool) -> None:
@@ -310,12 +309,15 @@ async def test_probe_tcp_and_http() -> None:
     assert await probe(Check("tcp", f"tcp://127.0.0.1:{free_port()}"), 1, None) is not None
     async with http_app(200) as port:
         assert await probe(Check("tcp", f"tcp://127.0.0.1:{port}"), 1, None) is None
-    async with aiohttp.ClientSession() as session:
-        async with http_app(204) as port:
-            assert await probe(Check("http", f"http://127.0.0.1:{port}/r"), 1, session) is None
-        async with http_app(503) as port:
-            error = await probe(Check("http", f"http://127.0.0.1:{port}/r"), 1, session)
-            assert error is not None and "HTTP 503" in error
+    for status, error in ((204, None), (503, "HTTP 503")):
+        async with http_app(status) as port:
+            url = f"http://127.0.0.1:{port}/r"
+            client = HttpClient(url, "test", keep_alive=False)
+            answer = await probe(Check("http", url), 1, client)
+            assert answer is None if error is None else error in str(answer)
+    client = HttpClient(f"http://127.0.0.1:{free_port()}/r", "test", keep_alive=False)
+    refused = await probe(Check("http", client.base_url), 1, client)
+    assert refused is not None and "refused" in refused.lower()
 
 
 async def wait_set(event: asyncio.Event) -> None:

@@ -18,8 +18,9 @@ from typing import Any
 import kopf
 
 from schedlock.core.aio import Supervisor, restart_backoff
+from schedlock.core.httpio import CannotServe, serve
 from schedlock.core.logs import Event
-from schedlock.core.probes import CannotServe, health_app, serve
+from schedlock.core.probes import health_routes
 from schedlock.core.settings import EXIT_BAD_SETTING, CommandError
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
 from schedlock.operator.handlers import ObjectIndex, build_registry, configure
@@ -125,7 +126,7 @@ async def run(settings: OperatorSettings) -> int:
     readiness = Readiness()
     stopping = asyncio.Event()
     try:
-        runner, _ = await serve(health_app(readiness), "0.0.0.0", settings.health_port)
+        server = await serve(health_routes(readiness), "0.0.0.0", settings.health_port)
     except CannotServe as exc:
         raise CommandError(f"{exc} (/healthz, /readyz)") from exc
     try:
@@ -159,7 +160,7 @@ async def run(settings: OperatorSettings) -> int:
                 return 0
         return await run_kopf(store, settings, readiness, stopping)
     finally:
-        await runner.cleanup()
+        await server.close()
         await store.close()
 
 

@@ -9,9 +9,10 @@ attempt, term, holder, payload) and the headers
 * ``X-Schedlock-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`` when a
   signing secret is configured.
 
-The response body is read up to 4 KiB (for the error text), a large success body is never read
-(the connection is dropped instead of reused), redirects are not followed and the whole call is
-bounded by the request timeout, so a hostile or broken app costs bounded time and memory.
+The response body is read up to 4 KiB (for the error text), and to its end only when it is at
+most 64 KiB, which keeps the connection for the next delivery (a longer one is dropped instead);
+redirects are not followed and the whole call is bounded by the request timeout, so a hostile
+or broken app costs bounded time and memory.
 Classification into success / retryable / permanent is pure (``schedlock.core.scheduling.classify``).
 
 A call that got no HTTP answer because the connection could not be made or was cut (refused,
@@ -30,9 +31,14 @@ import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-import aiohttp
-
 from schedlock import __version__
+from schedlock.core.httpio import (
+    CannotConnect,
+    CannotSend,
+    Disconnected,
+    HttpClient,
+    HttpFailure,
+)
 from schedlock.core.identities import rfc3339
 from schedlock.core.redact import printable, scrub
 from schedlock.core.scheduling import AttemptResult, idempotency_key
@@ -59,13 +65,9 @@ def error_text(text: str, limit: int) -> str:
 
 def lost_connection(exc: BaseException) -> bool:
     """True when ``exc`` means no connection to the app (not a slow or a wrong answer)."""
-    # A timeout (aiohttp's ServerTimeoutError included) is a slow app; a TLS failure is an app
-    # that answered the handshake.  Both keep the ordinary retry semantics.
-    if isinstance(exc, (TimeoutError, aiohttp.ClientSSLError)):
-        return False
-    return isinstance(
-        exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, ConnectionError)
-    )
+    # A timeout is a slow app; a TLS failure or an answer that is not HTTP is an app that
+    # answered.  All of them keep the ordinary retry semantics.
+    return isinstance(exc, (CannotConnect, Disconnected, ConnectionError))
 
 
 def body_for(row: FireRow, term: int, holder: str) -> dict[str, Any]:
@@ -84,8 +86,9 @@ def body_for(row: FireRow, term: int, holder: str) -> dict[str, Any]:
 
 
 class BodyError(ValueError):
-    """The row's request body cannot be built (its payload is not JSON-serialisable): the
-    row fails, not the term (``schedlock.sidecar.firing``)."""
+    """The row's request cannot be built (its payload is not JSON-serialisable, or a header
+    from it cannot be carried by HTTP): the row fails at once, not the term and not after its
+    retries (``schedlock.sidecar.firing``)."""
 
 
 def encode_body(row: FireRow, term: int, holder: str) -> bytes:
@@ -105,7 +108,7 @@ def sign(secret: bytes, timestamp: int, body: bytes) -> str:
 
 @dataclass(eq=False)
 class Deliverer:
-    """One aiohttp session per sidecar process, connection pool bounded by the concurrency."""
+    """One HTTP client per sidecar process, its connections bounded by the concurrency."""
 
     target_url: str
     _: KW_ONLY
@@ -113,24 +116,21 @@ class Deliverer:
     concurrency: int
     signing_secret: bytes | None = None
     holder: str = ""
-    _session: aiohttp.ClientSession | None = field(default=None, init=False)
+    _client: HttpClient | None = field(default=None, init=False)
 
     async def __aenter__(self) -> Deliverer:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.concurrency, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(total=self.timeout_seconds),
-            headers={"User-Agent": f"schedlock/{__version__}"},
-            auto_decompress=False,
+        self._client = HttpClient(
+            self.target_url, f"schedlock/{__version__}", limit=self.concurrency
         )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def deliver(self, row: FireRow, term: int) -> Delivery:
-        if self._session is None:
+        if self._client is None:
             raise RuntimeError("Deliverer used outside its context")
         body = encode_body(row, term, self.holder)
         headers = {
@@ -142,29 +142,30 @@ class Deliverer:
         if self.signing_secret:
             headers[SIGNATURE_HEADER] = sign(self.signing_secret, int(time.time()), body)
         try:
-            async with self._session.post(
-                self.target_url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                if 200 <= response.status < 300:
-                    # Keep the connection for a small body; never read a big one (drop it).
-                    length = response.content_length
-                    if length is not None and length <= MAX_REUSED_BODY:
-                        await response.release()
-                    else:
-                        response.close()
-                    return Delivery(AttemptResult(status=response.status, error=None))
-                snippet = await response.content.read(MAX_ERROR_BODY)
-                text = snippet.decode("utf-8", "replace").strip().splitlines()
-                # the body's first line only: "HTTP <status> from app" is the decision's to say
-                detail = error_text(text[0], 200) if text else None
-                return Delivery(AttemptResult(status=response.status, error=detail))
+            async with asyncio.timeout(self.timeout_seconds):
+                answer = await self._client.request(
+                    "POST",
+                    self.target_url,
+                    body=body,
+                    headers=headers,
+                    read_limit=MAX_ERROR_BODY,
+                    reuse_limit=MAX_REUSED_BODY,
+                )
         except TimeoutError:
             return Delivery(
                 AttemptResult(status=None, error=f"timeout after {self.timeout_seconds:g}s")
             )
-        except aiohttp.ClientConnectorError as exc:
-            error = f"cannot connect to app: {exc.os_error}"
+        except CannotSend as exc:
+            raise BodyError(str(exc)) from exc  # no retry can send it
+        except CannotConnect as exc:
+            error = f"cannot connect to app: {exc}"
             return Delivery(AttemptResult(status=None, error=error), lost_connection(exc))
-        except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError) as exc:
+        except (HttpFailure, OSError) as exc:
             error = error_text(f"{type(exc).__name__}: {exc}", 300)
             return Delivery(AttemptResult(status=None, error=error), lost_connection(exc))
+        if 200 <= answer.status < 300:
+            return Delivery(AttemptResult(status=answer.status, error=None))
+        text = answer.body.decode("utf-8", "replace").strip().splitlines()
+        # the body's first line only: "HTTP <status> from app" is the decision's to say
+        detail = error_text(text[0], 200) if text else None
+        return Delivery(AttemptResult(status=answer.status, error=detail))

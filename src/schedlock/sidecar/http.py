@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from schedlock.core.probes import Readiness, health_app
+from schedlock.core.httpio import Reply, Route
+from schedlock.core.probes import Readiness, health_routes
 
 
-def build_app(registry: CollectorRegistry, readiness: Readiness) -> web.Application:
-    async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+def endpoints(registry: CollectorRegistry, readiness: Readiness) -> dict[str, Route]:
+    def metrics() -> Reply:
+        return Reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
 
-    app = health_app(readiness)
-    app.router.add_get("/metrics", metrics)
-    return app
+    return {**health_routes(readiness), "/metrics": metrics}

@@ -27,13 +27,13 @@ import random
 import signal
 
 from schedlock.core.aio import Supervisor, restart_backoff
+from schedlock.core.httpio import CannotServe, serve
 from schedlock.core.logs import Event
-from schedlock.core.probes import CannotServe, serve
 from schedlock.core.redact import Scrubber, printable, redact, secrets_of
 from schedlock.core.settings import EXIT_BAD_SETTING, EXIT_FAILED, CommandError, add_command
 from schedlock.sidecar.delivery import Deliverer
 from schedlock.sidecar.firing import Firer, FiringOptions
-from schedlock.sidecar.http import build_app
+from schedlock.sidecar.http import endpoints
 from schedlock.sidecar.lock import FATAL, RETRIED, UNSAFE, Elector, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.sidecar.settings import SidecarSettings
@@ -128,13 +128,14 @@ class Sidecar:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            runner, self.http_port = await serve(
-                build_app(self.metrics.registry, self.readiness),
+            server = await serve(
+                endpoints(self.metrics.registry, self.readiness),
                 self.settings.http_host,
                 self.settings.http_port,
             )
         except CannotServe as exc:
             raise CommandError(f"{exc} (/metrics, /healthz, /readyz)") from exc
+        self.http_port = server.port
         log.info(
             "sidecar started",
             extra={
@@ -176,7 +177,7 @@ class Sidecar:
                 finally:
                     checking.cancel()
         finally:
-            await runner.cleanup()
+            await server.close()
             await self.store.close()
         if ending is not None:
             raise ending

@@ -53,10 +53,9 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from schedlock import __version__
 from schedlock.core.aio import sleep_unless
+from schedlock.core.httpio import HttpClient, HttpFailure, os_reason
 from schedlock.core.logs import Event
 from schedlock.sidecar.metrics import SidecarMetrics
 
@@ -153,7 +152,7 @@ def next_check_in(health: Health, *, passed: bool, interval: float, ever_reachab
     return interval
 
 
-async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | None) -> str | None:
+async def probe(check: Check, seconds: float, client: HttpClient | None) -> str | None:
     """Run the check once: None when the app is reachable, else why not (one short line)."""
     try:
         if check.kind == "tcp":
@@ -162,19 +161,19 @@ async def probe(check: Check, seconds: float, session: aiohttp.ClientSession | N
                 reader, writer = await asyncio.open_connection(host, port)
             await goodbye(reader, writer, min(seconds, DRAIN_SECONDS))
             return None
+        if client is None:
+            raise RuntimeError("an HTTP check needs a client")
         async with asyncio.timeout(seconds):
-            if session is None:
-                raise RuntimeError("an HTTP check needs a client session")
-            async with session.get(check.url, allow_redirects=False) as response:
-                if answer_is_ready(response.status):
-                    return None
-                return f"GET {check.url} answered HTTP {response.status}"
+            answer = await client.request("GET", check.url)
+        if answer_is_ready(answer.status):
+            return None
+        return f"GET {check.url} answered HTTP {answer.status}"
     except TimeoutError:
         return f"{check.url} did not answer within {seconds:g}s"
-    except OSError as exc:  # refused, reset, no route; aiohttp's connection errors are OSErrors
-        return f"{check.url}: {exc.strerror or exc}"
-    except aiohttp.ClientError as exc:
-        return f"{check.url}: {type(exc).__name__}: {exc}"[:300]
+    except OSError as exc:  # refused, reset, no route (a TCP check)
+        return f"{check.url}: {os_reason(exc)}"
+    except HttpFailure as exc:
+        return f"{check.url}: {exc}"[:300]
 
 
 async def goodbye(
@@ -214,7 +213,7 @@ class TargetWatch:
     _announced: bool = field(default=False, init=False)  # the current outage was logged
     _ever_reachable: bool = field(default=False, init=False)  # since the watch started
     _confirming: asyncio.Future[bool] | None = field(default=None, init=False)
-    _session: aiohttp.ClientSession | None = field(default=None, init=False)
+    _client: HttpClient | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.unreachable.set()
@@ -226,16 +225,18 @@ class TargetWatch:
 
     async def __aenter__(self) -> TargetWatch:
         if self.check.kind == "http":
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=2, force_close=True),
-                headers={"User-Agent": f"schedlock/{__version__} readiness-check"},
+            self._client = HttpClient(
+                self.check.url,
+                f"schedlock/{__version__} readiness-check",
+                limit=2,
+                keep_alive=False,
             )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Check, update, sleep — until ``stopping``.  The first check runs at once, and
@@ -278,7 +279,7 @@ class TargetWatch:
 
     async def _probe(self) -> str | None:
         try:
-            return await probe(self.check, self.timeout, self._session)
+            return await probe(self.check, self.timeout, self._client)
         except Exception as exc:  # a bug in a check must not freeze the state: count it failed
             log.exception(
                 "readiness check crashed",
