@@ -94,9 +94,17 @@ def recording(heads: list[bytes]) -> Handler:
     return handler
 
 
-async def post(port: int, client: HttpClient | None = None, **limits: int) -> bytes:
+async def post(
+    port: int, client: HttpClient | None = None, *, read_limit: int = 0, reuse_limit: int = 0
+) -> bytes:
     client = client or HttpClient(f"http://127.0.0.1:{port}/hook", "test")
-    answer = await client.request("POST", f"http://127.0.0.1:{port}/hook", body=b"{}", **limits)
+    answer = await client.request(
+        "POST",
+        f"http://127.0.0.1:{port}/hook",
+        body=b"{}",
+        read_limit=read_limit,
+        reuse_limit=reuse_limit,
+    )
     return f"{answer.status} ".encode() + answer.body
 
 
