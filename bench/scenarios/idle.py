@@ -179,10 +179,11 @@ def _idle_entry(
         leaders = [r for r in replicas if r["keys_led"]]
         followers = [r for r in replicas if not r["keys_led"]]
         if system == "schedlock":
-            # Followers that wait (standbys, a session per key) issue nothing; reserves hold no
-            # session and check in turns, at a cost bounded per key whatever their number.
-            reserves = [r for r in followers if r["sessions"] < KEYS_PER_REPLICA]
-            followers = [r for r in followers if r["sessions"] >= KEYS_PER_REPLICA]
+            # Standbys wait on one session for both keys (the target's leadership lock) and
+            # issue nothing; reserves hold no session and check in turns, at a cost bounded
+            # per key whatever their number.
+            reserves = [r for r in followers if not r["sessions"]]
+            followers = [r for r in followers if r["sessions"]]
             entry["reserves"] = len(reserves)
             entry["reserves_queries_per_s_per_key"] = round(
                 sum(r["queries_per_s"] for r in reserves) / KEYS_PER_REPLICA, 3
