@@ -126,15 +126,7 @@ async def _serve_connection(
                 if isinstance(body, h11.ConnectionClosed):
                     return  # a body nobody asked for (h11 frames it, it is dropped), cut short
             reply = _route(routes, event)
-            headers = [
-                ("Content-Type", reply.content_type),
-                ("Content-Length", str(len(reply.body))),
-            ]
-            data = conn.send(h11.Response(status_code=reply.status, headers=headers)) or b""
-            if event.method != b"HEAD":
-                data += conn.send(h11.Data(data=reply.body)) or b""
-            data += conn.send(h11.EndOfMessage()) or b""
-            writer.write(data)
+            writer.write(_framed(conn, reply, with_body=event.method != b"HEAD"))
             await writer.drain()
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return  # HTTP/1.0 or "Connection: close"
@@ -142,19 +134,22 @@ async def _serve_connection(
     except h11.RemoteProtocolError as exc:
         if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             with contextlib.suppress(h11.LocalProtocolError, OSError):
-                body = b"bad request\n"
-                head = [("Content-Length", str(len(body))), ("Connection", "close")]
-                writer.write(
-                    (
-                        conn.send(h11.Response(status_code=exc.error_status_hint, headers=head))
-                        or b""
-                    )
-                    + (conn.send(h11.Data(data=body)) or b"")
-                    + (conn.send(h11.EndOfMessage()) or b"")
-                )
+                bad = text(exc.error_status_hint, "bad request")
+                writer.write(_framed(conn, bad, with_body=True, close=True))
                 await writer.drain()
     except (TimeoutError, OSError):
         pass  # a client that went quiet mid-request or reset: nothing to answer
+
+
+def _framed(conn: h11.Connection, reply: Reply, *, with_body: bool, close: bool = False) -> bytes:
+    """``reply`` as the bytes h11 frames it (no body for a HEAD request)."""
+    head = [("Content-Type", reply.content_type), ("Content-Length", str(len(reply.body)))]
+    if close:
+        head.append(("Connection", "close"))
+    data = conn.send(h11.Response(status_code=reply.status, headers=head)) or b""
+    if with_body:
+        data += conn.send(h11.Data(data=reply.body)) or b""
+    return data + (conn.send(h11.EndOfMessage()) or b"")
 
 
 def _route(routes: Mapping[str, Route], request: h11.Request) -> Reply:
