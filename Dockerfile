@@ -20,6 +20,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=igno
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
+COPY operator ./operator
+COPY sidecar ./sidecar
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM build AS venv-sidecar

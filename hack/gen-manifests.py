@@ -6,8 +6,8 @@
 
 Generated files (committed, never edited by hand):
 
-    charts/schedlock/files/crd.yaml                    from src/schedlock/operator/crd.py
-    charts/schedlock/files/operator-rbac-rules.yaml    from src/schedlock/operator/rbac.py
+    charts/schedlock/files/crd.yaml                    from operator/crd.py
+    charts/schedlock/files/operator-rbac-rules.yaml    from operator/rbac.py
 
 The chart embeds both with `.Files.Get`: the CRD is a template behind `crds.install` (not in
 `crds/`, which Helm installs once and never upgrades), and the rules of the operator's
@@ -77,7 +77,7 @@ def render_crd() -> str:
     """The ScheduledPublish CRD as committed in the chart (templates/crd.yaml embeds it)."""
     tzdata = importlib.metadata.version("tzdata")
     note = f"spec.timeZone accepts the zones of the tzdata package {tzdata}."
-    return _header("src/schedlock/operator/crd.py", note) + _dump(crd_manifest())
+    return _header("operator/crd.py", note) + _dump(crd_manifest())
 
 
 def render_rbac_rules() -> str:
@@ -86,7 +86,7 @@ def render_rbac_rules() -> str:
         "The rules of the operator's ClusterRole, or of its Role in each watched namespace: "
         "exactly operator_rules()."
     )
-    return _header("src/schedlock/operator/rbac.py", note) + _dump(operator_rules())
+    return _header("operator/rbac.py", note) + _dump(operator_rules())
 
 
 # Every generated file (relative to the repository root) and the function producing it.

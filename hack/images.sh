@@ -15,7 +15,7 @@
 #              the repo's own Dockerfile (its default, last stage: every command, the operator
 #              with kopf and the Kubernetes client), built with `buildah bud --isolation chroot`
 #              FROM base; KEY hashes what the build context lets through (.dockerignore:
-#              Dockerfile, pyproject.toml, README.md, src/), the recipe and base's KEY.
+#              Dockerfile, pyproject.toml, README.md, src/, operator/, sidecar/), the recipe and base's KEY.
 #   schedlock-sidecar  schedlock.local/schedlock-sidecar:VERSION-KEY
 #              the same Dockerfile's target schedlock-sidecar (what `schedlock sidecar` imports
 #              only); keyed like schedlock.

@@ -5,7 +5,7 @@ sidecar), a comparison and a threshold. Prometheus evaluates ``<value> <op> <thr
 Grafana runs the value query, reduces it (last) and applies the same comparison as a threshold
 expression, so both systems alert on exactly the same PromQL.
 
-Metric facts the expressions rely on (``src/schedlock/sidecar/metrics.py``):
+Metric facts the expressions rely on (``sidecar/metrics.py``):
 
 - every sidecar exports every series of each lock key from the start (``schedlock_leader`` is 0
   on followers), so a key's series disappear only when no sidecar of it is scraped any more;

@@ -7,7 +7,6 @@ import json
 import logging
 import re
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
@@ -25,9 +24,8 @@ from schedlock.core.identities import (
     slot_uid,
 )
 from schedlock.core.logs import Event
+from testbed.layout import REPO, product_modules
 
-REPO = Path(__file__).resolve().parents[2]
-SRC = REPO / "src" / "schedlock"
 BERLIN = timezone(timedelta(hours=1))
 
 
@@ -186,7 +184,7 @@ def _event_arguments_of_helpers(tree: ast.AST, helpers: set[str]) -> list[tuple[
 def test_every_product_log_call_names_its_event() -> None:
     calls = 0
     missing = []
-    for path in sorted(SRC.rglob("*.py")):
+    for path in sorted(product_modules().values()):
         tree = ast.parse(path.read_text())
         helpers = {
             node.name

@@ -10,41 +10,59 @@ from pathlib import Path
 import pytest
 
 import schedlock
+from testbed.layout import REPO, product_modules
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-def python_at_repo_root(code: str) -> str:
+def python_at_repo_root(code: str, *flags: str) -> str:
     """What a fresh interpreter started at the repo root prints (the root is first on sys.path)."""
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True
+        [sys.executable, *flags, "-c", code], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout.strip()
 
 
-def test_stdlib_operator_is_not_shadowed() -> None:
+STDLIB = Path(importlib.import_module("os").__file__ or "").parent
+USES_OPERATOR = "import operator, collections, functools; print(operator.__file__); "
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param((), id="python -c at the root"),
+        pytest.param(("-S",), id="python -S -c at the root"),
+    ],
+)
+def test_stdlib_operator_is_not_shadowed_by_the_top_level_folder(flags: tuple[str, ...]) -> None:
     """`python -c`/`-m` from the repo root: the standard library's `operator` still wins."""
-    stdlib = Path(importlib.import_module("os").__file__ or "").parent
+    printed = python_at_repo_root(
+        USES_OPERATOR + "print(operator.itemgetter(1)('ab'), collections.OrderedDict.__name__)",
+        *flags,
+    ).splitlines()
+    assert Path(printed[0]).parent == STDLIB
+    assert printed[1] == "b OrderedDict"
+
+
+def test_the_operator_package_is_only_ever_schedlock_operator() -> None:
     import operator
 
-    assert Path(operator.__file__ or "").parent == stdlib
-    assert hasattr(operator, "itemgetter")
-    fresh = python_at_repo_root("import operator; print(operator.__file__)")
-    assert Path(fresh).parent == stdlib
-    # The product's operator package is only ever schedlock.operator, under src/.
+    assert Path(operator.__file__ or "").parent == STDLIB
     assert python_at_repo_root(
         "import pathlib, schedlock.operator as o; print(pathlib.Path(o.__file__).resolve())"
-    ) == str(REPO / "src" / "schedlock" / "operator" / "__init__.py")
+    ) == str(REPO / "operator" / "__init__.py")
 
 
-def test_import_names_are_file_paths_under_src() -> None:
-    """The one rule a newcomer needs: `schedlock.a.b` is `src/schedlock/a/b.py`."""
-    installed = sorted((REPO / "src").rglob("*.py"))
-    assert installed, "no modules under src/"
-    for path in installed:
-        if path.name == "__main__.py":  # importing it runs the CLI
+def test_import_names_are_the_layouts_files() -> None:
+    """`operator/x.py` is `schedlock.operator.x`, `sidecar/x.py` is `schedlock.sidecar.x`,
+    `src/schedlock/a/b.py` is `schedlock.a.b`; every Python file there is a module."""
+    modules = product_modules()
+    on_disk = {
+        path
+        for root in (REPO / "operator", REPO / "sidecar", REPO / "src")
+        for path in root.rglob("*.py")
+    }
+    assert on_disk == set(modules.values()), "a Python file outside the packages pyproject names"
+    for name, path in modules.items():
+        if name == "schedlock.__main__":  # importing it runs the CLI
             continue
-        parts = path.relative_to(REPO / "src").with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         imported = importlib.import_module(name)
         assert Path(imported.__file__ or "").resolve() == path, name
 
