@@ -529,6 +529,28 @@ class KubeAPIServer(StartStop):
         except urllib.error.HTTPError as error:
             return int(error.code), bytes(error.read())
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Wait until the CustomResourceDefinition ``crd`` is Established (its kind served).
+
+        Not ``kubectl wait --for=condition=Established``: right after the create, before the
+        API server wrote a status, that fails at once ("accessor error: <nil> is of the type
+        <nil>") instead of waiting.
+        """
+        deadline = time.monotonic() + timeout
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
+        while True:
+            status, body = self.request("GET", path)
+            conditions = (json.loads(body).get("status") or {}).get("conditions") or []
+            if status == 200 and any(
+                c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise KubeAPIServerError(
+                    f"CRD {crd} not Established within {timeout:g} s: {status} {body[:500]!r}"
+                )
+            time.sleep(0.1)
+
     def _readyz_ok(self) -> bool:
         try:
             status, body = self.request("GET", "/readyz")

@@ -36,12 +36,7 @@ OPERATOR_SA = "schedlock-operator"
 
 def install_crd(kube: KubeAPIServer) -> None:
     kube.apply(crd_manifest())
-    kube.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/scheduledpublishes.schedlock.dev",
-    )
+    kube.wait_established("scheduledpublishes.schedlock.dev")
 
 
 def operator_kubeconfig(kube: KubeAPIServer) -> Path:

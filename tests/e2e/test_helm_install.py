@@ -78,7 +78,7 @@ def test_install_upgrade_uninstall(kube: KubeAPIServer, tmp_path: Path) -> None:
         operator = "schedlock-operator"
 
         # Everything was accepted and stored by the API server.
-        kube.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{CRD}")
+        kube.wait_established(CRD)
         crd = _get(kube, "crd", CRD)
         assert crd is not None
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -223,7 +223,7 @@ def test_operator_runs_on_the_charts_rendered_rbac(
         kube.kubectl("create", "namespace", name)
     # The CRD as the chart renders it, and exactly the chart's identity and rules.
     kube.apply(by_kind["CustomResourceDefinition"])
-    kube.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{CRD}")
+    kube.wait_established(CRD)
     kube.apply([by_kind["ServiceAccount"], *rbac])
     account = by_kind["ServiceAccount"]["metadata"]["name"]
     kubeconfig = kube.service_account_kubeconfig(namespace, account, create=False)

@@ -44,7 +44,7 @@ def crd(kube: KubeAPIServer) -> dict[str, Any]:
     idempotent, so other modules installing it too is fine."""
     manifest = crd_manifest()
     kube.apply(manifest)
-    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    kube.wait_established(CRD_NAME)
     return manifest
 
 
