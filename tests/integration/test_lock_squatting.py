@@ -16,6 +16,7 @@ import pytest
 from schedlock.store import (
     LEADER_CLASS_ID,
     ForeignHolder,
+    GrantRequest,
     LockKey,
     LockSession,
     TargetLock,
@@ -38,8 +39,12 @@ def squatted(migrated_database: str, postgres: PostgresService) -> str:
     store = open_store(migrated_database)
 
     async def grant() -> None:
-        await store.grant(sidecar_role=SQUATTER, operator_role=None, namespaces=["team-a"])
-        await store.grant(sidecar_role=None, operator_role=B_OPERATOR, namespaces=["team-b"])
+        await store.grant(
+            GrantRequest(sidecar_role=SQUATTER, operator_role=None, namespaces=("team-a",))
+        )
+        await store.grant(
+            GrantRequest(sidecar_role=None, operator_role=B_OPERATOR, namespaces=("team-b",))
+        )
         # B's key is registered by B's sidecar (the all-namespace role of the template)
         session = open_store(as_role(migrated_database, SIDECAR_ROLE)).lock_session(
             KEY, "b", 15, TARGET

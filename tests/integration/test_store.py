@@ -12,6 +12,7 @@ import pytest
 
 from schedlock.store import (
     Completion,
+    GrantRequest,
     LeadershipLost,
     LockKey,
     LockKeyCollision,
@@ -591,10 +592,14 @@ def test_upgrading_to_namespace_roles_keeps_granted_roles_on_every_namespace(
         return {str(ns): int(n) for ns, n in found}
 
     assert visible() == {"team-a": 2, "team-b": 3}
-    grant = store.grant(sidecar_role=sidecar, operator_role=None, namespaces=["team-a"])
+    grant = store.grant(
+        GrantRequest(sidecar_role=sidecar, operator_role=None, namespaces=("team-a",))
+    )
     assert asyncio.run(grant).serves == {sidecar: ("*", "team-a")}  # added: still every one
     assert visible() == {"team-a": 2, "team-b": 3}
-    only = store.grant(sidecar_role=sidecar, operator_role=None, namespaces=["team-a"], only=True)
+    only = store.grant(
+        GrantRequest(sidecar_role=sidecar, operator_role=None, namespaces=("team-a",), only=True)
+    )
     assert asyncio.run(only).serves == {sidecar: ("team-a",)}
     assert visible() == {"team-a": 2}
 
@@ -661,11 +666,13 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
         assert conn.execute(rewrite, ("before",)).rowcount == 1  # table-wide: not narrowed yet
     # Granted again by this release without --narrow (sidecars of the release before may
     # still run under it): it keeps them, and is told how to narrow.
-    report = asyncio.run(owner.grant(sidecar_role=sidecar, operator_role=None))
+    report = asyncio.run(owner.grant(GrantRequest(sidecar_role=sidecar, operator_role=None)))
     assert report.table_wide == [sidecar] and report.narrowed == report.columns_only == []
     with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
         assert conn.execute(rewrite, ("before",)).rowcount == 1
-    report = asyncio.run(owner.grant(sidecar_role=sidecar, operator_role=None, narrow=True))
+    report = asyncio.run(
+        owner.grant(GrantRequest(sidecar_role=sidecar, operator_role=None, narrow=True))
+    )
     assert report.narrowed == report.columns_only == [sidecar]
     assert report.kept_broad == report.table_wide == []
     fired = asyncio.run(fire_both("after"))

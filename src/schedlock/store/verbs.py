@@ -210,10 +210,12 @@ class LockVerbs:
         }
         return len(await self._fetch("insert_slot", params)) == 1
 
-    async def advance_schedule(self, term: int, schedule_id: int, **slots: datetime | None) -> None:
+    async def advance_schedule(
+        self, term: int, schedule_id: int, advance: models.ScheduleAdvance
+    ) -> None:
         """Move the schedule's ``watermark_at``, ``next_slot_at`` and (when a slot fired)
-        ``last_slot_at`` to ``fired_slot_at`` — the keywords are the query's parameters."""
-        params = {"term": term, "schedule_id": schedule_id, **slots}
+        ``last_slot_at`` to ``fired_slot_at`` — the fields are the query's parameters."""
+        params = {"term": term, "schedule_id": schedule_id, **dataclasses.asdict(advance)}
         if await self._execute("advance_schedule", params) != 1:
             raise self._superseded(term)
 
@@ -311,22 +313,8 @@ class SqlStore:
             current=current, latest=latest, blocking=blocking, location=location, usable=usable
         )
 
-    async def grant(
-        self,
-        *,
-        sidecar_role: str | None,
-        operator_role: str | None,
-        namespaces: Sequence[str] = (),
-        only: bool = False,
-        narrow: bool = False,
-    ) -> models.GrantReport:
-        return await self.connector.grant(
-            sidecar_role=sidecar_role,
-            operator_role=operator_role,
-            namespaces=namespaces,
-            only=only,
-            narrow=narrow,
-        )
+    async def grant(self, request: models.GrantRequest) -> models.GrantReport:
+        return await self.connector.grant(request)
 
     async def served_namespaces(self) -> models.ServedNamespaces:
         return await self.connector.served_namespaces()
