@@ -17,6 +17,7 @@ from schedlock.store import (
     LEADER_CLASS_ID,
     ForeignHolder,
     GrantRequest,
+    KeyStatus,
     LockKey,
     LockSession,
     TargetLock,
@@ -86,6 +87,30 @@ def backend_pid(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     return conn.info.backend_pid
 
 
+async def publish_status(url: str) -> KeyStatus:
+    """`schedlock status`'s line for B's publish key, as the role of ``url`` sees it."""
+    store = open_store(url)
+    try:
+        (status,) = [
+            k
+            for k in await store.key_status()
+            if k.namespace == "team-b" and k.scheduler == "publish"
+        ]
+    finally:
+        await store.close()
+    return status
+
+
+async def granted_once_ended(
+    postgres: PostgresService, pid: int, waiting: asyncio.Task[None], standby: LockSession
+) -> None:
+    """An admin ends the squatting session ``pid``: the standby waiting is granted the lock at
+    once (and lets it go)."""
+    assert postgres.terminate_backend(pid)
+    await asyncio.wait_for(waiting, 15)
+    await standby.release(None)
+
+
 def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
     squatted: str, postgres: PostgresService
 ) -> None:
@@ -101,18 +126,9 @@ def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
         assert not waiting.done()
         # The admin's status and a role scoped to team-b both name the holder.
         for url in (squatted, as_role(squatted, B_OPERATOR)):
-            store = open_store(url)
-            (status,) = [
-                k
-                for k in await store.key_status()
-                if k.namespace == "team-b" and k.scheduler == "publish"
-            ]
-            await store.close()
+            status = await publish_status(url)
             assert (status.foreign_holder_role, status.foreign_holder_pid) == (SQUATTER, pid)
-        # An admin ends the squatting session: the standby is granted the lock at once.
-        assert postgres.terminate_backend(pid)
-        await asyncio.wait_for(waiting, 15)
-        await standby.release(None)
+        await granted_once_ended(postgres, pid, waiting, standby)
         await standby.close()
 
     try:
@@ -194,9 +210,7 @@ def test_a_standby_waiting_for_a_squatted_leadership_lock_hears_of_it(
         for status in statuses:
             assert (status.foreign_holder_role, status.foreign_holder_pid) == (SQUATTER, pid)
             assert status.standbys == ("b-standby",) or status.waiters <= 1
-        assert postgres.terminate_backend(pid)
-        await asyncio.wait_for(waiting, 15)
-        await standby.release(None)
+        await granted_once_ended(postgres, pid, waiting, standby)
         await store.close()
 
     try:
@@ -225,13 +239,7 @@ def test_a_holder_that_serves_the_namespace_is_never_foreign(squatted: str) -> N
             pytest.fail("the standby's wait never went through 3 slices")
         honest.close()
         await asyncio.wait_for(waiting, 15)
-        store = open_store(squatted)
-        (status,) = [
-            k
-            for k in await store.key_status()
-            if k.namespace == "team-b" and k.scheduler == "publish"
-        ]
-        await store.close()
+        status = await publish_status(squatted)
         assert status.foreign_holder_role is None and status.foreign_holder_pid is None
         await standby.close()
 
