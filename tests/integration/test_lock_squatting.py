@@ -9,6 +9,8 @@ The whole story with real sidecars and passwords is in test_compromised_pod.py.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import psycopg
 import pytest
@@ -83,6 +85,17 @@ async def waiting_until_told(
     return waiting
 
 
+def run_then_close(
+    main: Callable[[], Coroutine[Any, Any, None]], held: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """Run ``main`` to its end, then close the session ``held`` holding a lock by hand,
+    whatever happened."""
+    try:
+        asyncio.run(main())
+    finally:
+        held.close()
+
+
 def backend_pid(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     return conn.info.backend_pid
 
@@ -131,10 +144,7 @@ def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
         await granted_once_ended(postgres, pid, waiting, standby)
         await standby.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        squatter.close()
+    run_then_close(run, squatter)
     assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]  # said once, not every slice
 
 
@@ -185,10 +195,7 @@ def test_a_leader_trying_a_squatted_key_hears_of_the_holder_and_leads_the_other_
         await leader.release(None)
         await store.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        squatter.close()
+    run_then_close(run, squatter)
 
 
 def test_a_standby_waiting_for_a_squatted_leadership_lock_hears_of_it(
@@ -213,10 +220,7 @@ def test_a_standby_waiting_for_a_squatted_leadership_lock_hears_of_it(
         await granted_once_ended(postgres, pid, waiting, standby)
         await store.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        squatter.close()
+    run_then_close(run, squatter)
     assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]
 
 
@@ -243,10 +247,7 @@ def test_a_holder_that_serves_the_namespace_is_never_foreign(squatted: str) -> N
         assert status.foreign_holder_role is None and status.foreign_holder_pid is None
         await standby.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        honest.close()
+    run_then_close(run, honest)
     assert heard == []
 
 
