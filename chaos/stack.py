@@ -35,7 +35,7 @@ from psycopg.rows import TupleRow
 
 from chaos.config import ChaosConfig
 from chaos.proxy import BlackholeProxy, ProxyGroup
-from schedlock.store import LockKey, StoreError, open_store
+from schedlock.store import GrantRequest, LockKey, StoreError, open_store
 from testbed.kube import KubeAPIServer
 from testbed.leaders import leaders_at
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
@@ -223,7 +223,7 @@ class Stack:
         async def migrate() -> None:
             store = open_store(self.admin_url, application_name="chaos-migrate")
             await store.migrate()
-            await store.grant(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE)
+            await store.grant(GrantRequest(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE))
             await store.close()
 
         asyncio.run(migrate())

@@ -46,6 +46,7 @@ from schedlock.store import (
     DueSchedule,
     FireRow,
     LeadershipLost,
+    ScheduleAdvance,
     StoreError,
 )
 from schedlock.store.notices import GARBLED_LOG_SECONDS, parse_rows
@@ -250,9 +251,11 @@ class _Term:
                 await self.session.advance_schedule(
                     self.term,
                     due.id,
-                    watermark_at=due.watermark_at or due.db_now,
-                    next_slot_at=due.db_now + BAD_SCHEDULE_RETRY,
-                    fired_slot_at=None,
+                    ScheduleAdvance(
+                        watermark_at=due.watermark_at or due.db_now,
+                        next_slot_at=due.db_now + BAD_SCHEDULE_RETRY,
+                        fired_slot_at=None,
+                    ),
                 )
                 continue
             plan = plan_recurring(
@@ -267,9 +270,9 @@ class _Term:
             await self.session.advance_schedule(
                 self.term,
                 due.id,
-                watermark_at=due.db_now,
-                next_slot_at=plan.next_slot,
-                fired_slot_at=plan.fire,
+                ScheduleAdvance(
+                    watermark_at=due.db_now, next_slot_at=plan.next_slot, fired_slot_at=plan.fire
+                ),
             )
         next_slot = await self.session.next_slot_in()
         return self.opts.poll_seconds if next_slot is None else max(next_slot, 0.0)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from testbed import procs
 from testbed.kube import (
@@ -44,7 +44,6 @@ from testbed.node.host import HostState, links, restore_host, write_sysctl
 from testbed.node.plan import (
     BRIDGE,
     CLUSTER_DOMAIN,
-    DNS_SERVICE_IP,
     HOST_IP,
     HOST_REGISTRY,
     KUBERNETES_SERVICE_IP,
@@ -118,22 +117,9 @@ class Cluster(StartStop):
 
     # ----------------------------------------------------------------- properties
 
-    @property
-    def host_ip(self) -> str:
-        """The address pods reach host processes at (the bridge's gateway, the node's IP)."""
-        return HOST_IP
-
-    @property
-    def pod_cidr(self) -> str:
-        return POD_CIDR
-
-    @property
-    def service_cidr(self) -> str:
-        return SERVICE_CIDR
-
-    @property
-    def dns_service_ip(self) -> str:
-        return DNS_SERVICE_IP
+    host_ip: ClassVar[str] = HOST_IP
+    """The address pods reach host processes at (the bridge's gateway, the node's IP)."""
+    pod_cidr: ClassVar[str] = POD_CIDR
 
     @property
     def api(self) -> KubeAPIServer:
@@ -408,42 +394,41 @@ class Cluster(StartStop):
             self.api, self.workdir, self.kubelet_dir, self.containerd_socket, self.node_name
         )
 
+    def _spawn_controller(self, name: str, user: str, *flags: str) -> None:
+        """A control-plane component of the one node: its own kubeconfig, no serving port and
+        no leader election (one replica)."""
+        kubeconfig = self.api.client_kubeconfig(name, user)
+        self._spawn(
+            name,
+            [
+                str(self._binaries[name]),
+                f"--kubeconfig={kubeconfig}",
+                "--secure-port=0",
+                "--leader-elect=false",
+                *flags,
+                "--v=1",
+            ],
+        )
+
     def _start_node_components(self) -> None:
         api = self.api
         _, sa_private = api.service_account_key_paths
-        kcm = api.client_kubeconfig("kube-controller-manager", "system:kube-controller-manager")
-        self._spawn(
+        self._spawn_controller(
             "kube-controller-manager",
-            [
-                str(self._binaries["kube-controller-manager"]),
-                f"--kubeconfig={kcm}",
-                "--secure-port=0",
-                "--leader-elect=false",
-                "--use-service-account-credentials=true",
-                f"--service-account-private-key-file={sa_private}",
-                f"--root-ca-file={api.ca_path}",
-                f"--cluster-signing-cert-file={api.ca_path}",
-                f"--cluster-signing-key-file={api.ca_key_path}",
-                f"--flex-volume-plugin-dir={self.workdir / 'flexvolume'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                # Each controller logs in as its own ServiceAccount, and at the default 20
-                # requests/s those logins alone delay the first ServiceAccount by seconds.
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
-                "--v=1",
-            ],
+            "system:kube-controller-manager",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={sa_private}",
+            f"--root-ca-file={api.ca_path}",
+            f"--cluster-signing-cert-file={api.ca_path}",
+            f"--cluster-signing-key-file={api.ca_key_path}",
+            f"--flex-volume-plugin-dir={self.workdir / 'flexvolume'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # Each controller logs in as its own ServiceAccount, and at the default 20
+            # requests/s those logins alone delay the first ServiceAccount by seconds.
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
         )
-        scheduler = api.client_kubeconfig("kube-scheduler", "system:kube-scheduler")
-        self._spawn(
-            "kube-scheduler",
-            [
-                str(self._binaries["kube-scheduler"]),
-                f"--kubeconfig={scheduler}",
-                "--secure-port=0",
-                "--leader-elect=false",
-                "--v=1",
-            ],
-        )
+        self._spawn_controller("kube-scheduler", "system:kube-scheduler")
         kubelet_config = self._kubelet_config_file()
         node_kubeconfig = api.client_kubeconfig(
             "kubelet", f"system:node:{self.node_name}", "system:nodes"

@@ -51,6 +51,7 @@ from schedlock.store import (
     FireRow,
     ForeignHolder,
     GrantReport,
+    GrantRequest,
     Heartbeat,
     KeyStatus,
     LockKey,
@@ -60,6 +61,7 @@ from schedlock.store import (
     RecordedOutcome,
     ReserveRoster,
     RowVersion,
+    ScheduleAdvance,
     ScheduleRecord,
     ScheduleSpec,
     SchemaStatus,
@@ -250,15 +252,7 @@ class MemoryStore:
         for session in list(self.sessions):
             self._drop(session)
 
-    async def grant(
-        self,
-        *,
-        sidecar_role: str | None,
-        operator_role: str | None,
-        namespaces: Sequence[str] = (),
-        only: bool = False,
-        narrow: bool = False,
-    ) -> GrantReport:
+    async def grant(self, request: GrantRequest) -> GrantReport:
         _not_kept("grant")
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
@@ -535,15 +529,7 @@ class MemorySession:
     ) -> bool:
         _not_kept("insert_slot")
 
-    async def advance_schedule(
-        self,
-        term: int,
-        schedule_id: int,
-        *,
-        watermark_at: datetime,
-        next_slot_at: datetime,
-        fired_slot_at: datetime | None,
-    ) -> None:
+    async def advance_schedule(self, term: int, schedule_id: int, advance: ScheduleAdvance) -> None:
         _not_kept("advance_schedule")
 
 

@@ -172,12 +172,12 @@ def migrated_template(postgres: PostgresService, runtime_roles: tuple[str, str])
     their least privileges; tests clone it (fast) and run components under those roles."""
     import asyncio
 
-    from schedlock.store import open_store
+    from schedlock.store import GrantRequest, open_store
 
     url = postgres.create_database()
     store = open_store(url)
     asyncio.run(store.migrate())
-    asyncio.run(store.grant(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE))
+    asyncio.run(store.grant(GrantRequest(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE)))
     return urlsplit(url).path.lstrip("/")
 
 

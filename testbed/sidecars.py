@@ -175,18 +175,25 @@ class SidecarProcess(NamedProcess):
     program: str = ""  # the schedlock to run: this checkout's unless an older release's
 
     @classmethod
-    def for_stand_in_app(cls, name: str, workdir: Path, url: str, **env: str) -> SidecarProcess:
-        """A sidecar of target ``demo`` whose app is there and takes nothing (it just leads)."""
+    def for_app(
+        cls, name: str, workdir: Path, url: str, app_url: str, **env: str
+    ) -> SidecarProcess:
+        """A sidecar of target ``demo`` on the database ``url`` whose app answers at ``app_url``."""
         return cls(
             name,
             workdir,
             {
                 "SCHEDLOCK_DATABASE_URL": url,
                 "SCHEDLOCK_TARGET": "demo",
-                "SCHEDLOCK_TARGET_URL": stand_in_app_url(),
+                "SCHEDLOCK_TARGET_URL": app_url,
                 **env,
             },
         )
+
+    @classmethod
+    def for_stand_in_app(cls, name: str, workdir: Path, url: str, **env: str) -> SidecarProcess:
+        """A sidecar of target ``demo`` whose app is there and takes nothing (it just leads)."""
+        return cls.for_app(name, workdir, url, stand_in_app_url(), **env)
 
     def start(self) -> SidecarProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ from bench import trials
 from bench.context import Context
 from bench.stats import summarize
 from bench.systems import SchedlockInstance, until
-from schedlock.store import open_store
+from schedlock.store import GrantRequest, open_store
 
 MODES = ("owner", "every_namespace", "namespace")
 ROLES = {"every_namespace": "bench_every_namespace", "namespace": "bench_one_namespace"}
@@ -68,8 +68,10 @@ class TenancyInstance(SchedlockInstance):
         )
         store = open_store(self.db_url, application_name="bench-tenancy-grant")
         try:
-            scope = [self.namespace] if mode == "namespace" else []
-            await store.grant(sidecar_role=self.role, operator_role=None, namespaces=scope)
+            scope = (self.namespace,) if mode == "namespace" else ()
+            await store.grant(
+                GrantRequest(sidecar_role=self.role, operator_role=None, namespaces=scope)
+            )
         finally:
             await store.close()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from schedlock.operator import crd
-from schedlock.store import ScheduleSpec, open_store
+from schedlock.store import GrantRequest, ScheduleSpec, open_store
 from testbed.kube import KubeAPIServer, KubeToolsMissingError, resolve_tool_dir
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
 from testbed.pg import PostgresServer, server_dir
@@ -112,7 +112,7 @@ class SoakStack:
         store = open_store(self.admin_url, application_name="soak-migrate")
         try:
             await store.migrate()
-            await store.grant(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE)
+            await store.grant(GrantRequest(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE))
         finally:
             await store.close()
 

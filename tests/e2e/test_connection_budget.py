@@ -275,11 +275,11 @@ def migrated_on(server: PostgresServer, name: str = "app") -> str:
     url = server.url(name)
     import asyncio
 
-    from schedlock.store import open_store
+    from schedlock.store import GrantRequest, open_store
 
     store = open_store(url)
     asyncio.run(store.migrate())
-    asyncio.run(store.grant(sidecar_role=SIDECAR_ROLE, operator_role=None))
+    asyncio.run(store.grant(GrantRequest(sidecar_role=SIDECAR_ROLE, operator_role=None)))
     return url
 
 

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from schedlock.core.logs import Event, records
-from schedlock.store import open_store
+from schedlock.store import GrantRequest, open_store
 from testbed.kube import KubeAPIServer
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
 from testbed.pg_fixtures import PostgresService, as_role, with_dbname
@@ -118,7 +118,9 @@ def test_missing_privileges_are_named_until_granted(
         assert f"role '{role}' lacks INSERT on schedlock_publishes, UPDATE on" in said, said
         assert "SELECT on schedlock_publishes" not in said
         assert f"schedlock migrate --grant-operator {role}" in said
-        asyncio.run(open_store(migrated_database).grant(sidecar_role=None, operator_role=role))
+        asyncio.run(
+            open_store(migrated_database).grant(GrantRequest(sidecar_role=None, operator_role=role))
+        )
         works_after_recovery(operator, kube, migrated_database, kube_namespace)
     finally:
         operator.stop()
@@ -131,7 +133,7 @@ def test_a_role_that_may_not_serve_what_it_watches_exits_2(
     not serve: no retry fixes that, so the operator exits 2 with one line before kopf runs,
     naming the role and the grant; scoped to what the role serves (watchNamespaces), it runs."""
     grant = open_store(migrated_database).grant(
-        sidecar_role=None, operator_role=role, namespaces=[kube_namespace]
+        GrantRequest(sidecar_role=None, operator_role=role, namespaces=(kube_namespace,))
     )
     asyncio.run(grant)
     install_crd(kube)

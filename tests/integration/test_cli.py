@@ -78,6 +78,19 @@ BAD_VALUES: dict[str, tuple[str, str]] = {
 }
 
 
+def one_line_error(
+    result: subprocess.CompletedProcess[str], code: int, *words: str, command: str = "migrate"
+) -> str:
+    """The one line of a refusal (exit ``code``, nothing else on stderr, no traceback)."""
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[:2000]
+    assert lines[0].startswith(f"schedlock {command}: error: ")
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
 def test_every_setting_is_in_the_table() -> None:
     assert {spec.env for _, spec in specs(SidecarSettings)} == set(BAD_VALUES)
 
@@ -86,14 +99,9 @@ def test_every_setting_is_in_the_table() -> None:
 def test_bad_setting_is_one_line_and_exit_2(env_name: str) -> None:
     value, allowed = BAD_VALUES[env_name]
     result = run("sidecar", env={**GOOD, env_name: value})
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("schedlock sidecar: error: --")
-    assert env_name in lines[0]
-    assert allowed in lines[0]
-    assert ":secret@" not in lines[0]  # credentials in URLs are never echoed
-    assert "Traceback" not in result.stderr
+    line = one_line_error(result, 2, env_name, allowed, command="sidecar")
+    assert line.startswith("schedlock sidecar: error: --")
+    assert ":secret@" not in line  # credentials in URLs are never echoed
 
 
 def test_flags_override_environment() -> None:
@@ -241,19 +249,6 @@ def test_status_runs_under_the_role_migrate_grants_the_operator(
             postgres.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
-def one_line_error(
-    result: subprocess.CompletedProcess[str], code: int, *words: str, command: str = "migrate"
-) -> str:
-    """The one line of a refusal (exit ``code``, nothing else on stderr, no traceback)."""
-    assert result.returncode == code, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[:2000]
-    assert lines[0].startswith(f"schedlock {command}: error: ")
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
-
-
 @pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
 def test_migrate_to_rolls_back_refuses_data_loss_and_rolls_forward(
     migrated_database: str, tmp_path: Path, dialect: str
@@ -340,11 +335,8 @@ def test_bad_operator_setting_is_one_line_and_exit_2(env_name: str) -> None:
         result = run("operator", "--sidecar-database-secret-key", " ", env=OPERATOR_GOOD)
     else:
         result = run("operator", env=env)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("schedlock operator: error: --")
-    assert allowed in lines[0]
+    line = one_line_error(result, 2, allowed, command="operator")
+    assert line.startswith("schedlock operator: error: --")
 
 
 # -- issue 21: the attacks on publish/schedule/sidecar/inject, each with the line it now gives --

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from schedlock.store import open_store
+from schedlock.store import GrantRequest, open_store
 from testbed.pg_fixtures import PostgresService, as_role
 from testbed.sidecars import SidecarProcess, http_get, wait_for
 
@@ -46,7 +46,9 @@ def test_credentials_and_privileges_are_reported_and_recover(
         # Fix it while the sidecar runs: it recovers on its own.
         if problem == "unknown role":
             postgres.execute(f'CREATE ROLE "{role}" LOGIN')
-        asyncio.run(open_store(migrated_database).grant(sidecar_role=role, operator_role=None))
+        asyncio.run(
+            open_store(migrated_database).grant(GrantRequest(sidecar_role=role, operator_role=None))
+        )
         sidecar.wait_ready(timeout=30)
         wait_for(lambda: sidecar.leads("publish"), timeout=10, what="leadership after the fix")
     finally:

@@ -220,28 +220,32 @@ def test_5xx_is_retried_with_the_same_key(app: SidecarGroup, migrated_database: 
         assert len({e["key"] for e in got}) == 1
 
 
-def test_other_4xx_fails_at_once(app: SidecarGroup, migrated_database: str) -> None:
+@pytest.mark.parametrize(
+    ("answer", "max_attempts", "tried", "says"),
+    [
+        pytest.param(404, 5, 1, "HTTP 404", id="other-4xx-fails-at-once"),
+        pytest.param(503, 3, 3, "gave up after 3 attempts", id="retries-give-up-at-the-limit"),
+    ],
+)
+def test_a_refused_fire_fails_after_its_attempts(
+    app: SidecarGroup, migrated_database: str, answer: int, max_attempts: int, tried: int, says: str
+) -> None:
     assert app.receiver is not None
-    app.receiver.control(status=404)
-    insert_rows(migrated_database, 2, start_in=0.2, prefix="gone", max_attempts=5)
-    for state, attempts, error, status in settled(
-        migrated_database, "gone", 2, timeout=20
-    ).values():
-        assert (state, attempts, status) == ("failed", 1, 404)
-        assert error is not None and "HTTP 404" in error
-
-
-def test_retries_give_up_after_the_attempt_limit(app: SidecarGroup, migrated_database: str) -> None:
-    assert app.receiver is not None
-    app.receiver.control(status=503)
+    app.receiver.control(status=answer)
+    prefix = f"answered-{answer}"
     insert_rows(
-        migrated_database, 2, start_in=0.2, prefix="down", max_attempts=3, backoff_seconds=0.05
+        migrated_database,
+        2,
+        start_in=0.2,
+        prefix=prefix,
+        max_attempts=max_attempts,
+        backoff_seconds=0.05,
     )
     for state, attempts, error, status in settled(
-        migrated_database, "down", 2, timeout=30
+        migrated_database, prefix, 2, timeout=30
     ).values():
-        assert (state, attempts, status) == ("failed", 3, 503)
-        assert error is not None and "gave up after 3 attempts" in error
+        assert (state, attempts, status) == ("failed", tried, answer)
+        assert error is not None and says in error
 
 
 def test_a_hanging_app_times_out_and_is_retried(app: SidecarGroup, migrated_database: str) -> None:

@@ -9,6 +9,8 @@ The whole story with real sidecars and passwords is in test_compromised_pod.py.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import psycopg
 import pytest
@@ -16,6 +18,8 @@ import pytest
 from schedlock.store import (
     LEADER_CLASS_ID,
     ForeignHolder,
+    GrantRequest,
+    KeyStatus,
     LockKey,
     LockSession,
     TargetLock,
@@ -38,8 +42,12 @@ def squatted(migrated_database: str, postgres: PostgresService) -> str:
     store = open_store(migrated_database)
 
     async def grant() -> None:
-        await store.grant(sidecar_role=SQUATTER, operator_role=None, namespaces=["team-a"])
-        await store.grant(sidecar_role=None, operator_role=B_OPERATOR, namespaces=["team-b"])
+        await store.grant(
+            GrantRequest(sidecar_role=SQUATTER, operator_role=None, namespaces=("team-a",))
+        )
+        await store.grant(
+            GrantRequest(sidecar_role=None, operator_role=B_OPERATOR, namespaces=("team-b",))
+        )
         # B's key is registered by B's sidecar (the all-namespace role of the template)
         session = open_store(as_role(migrated_database, SIDECAR_ROLE)).lock_session(
             KEY, "b", 15, TARGET
@@ -77,8 +85,43 @@ async def waiting_until_told(
     return waiting
 
 
+def run_then_close(
+    main: Callable[[], Coroutine[Any, Any, None]], held: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """Run ``main`` to its end, then close the session ``held`` holding a lock by hand,
+    whatever happened."""
+    try:
+        asyncio.run(main())
+    finally:
+        held.close()
+
+
 def backend_pid(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     return conn.info.backend_pid
+
+
+async def publish_status(url: str) -> KeyStatus:
+    """`schedlock status`'s line for B's publish key, as the role of ``url`` sees it."""
+    store = open_store(url)
+    try:
+        (status,) = [
+            k
+            for k in await store.key_status()
+            if k.namespace == "team-b" and k.scheduler == "publish"
+        ]
+    finally:
+        await store.close()
+    return status
+
+
+async def granted_once_ended(
+    postgres: PostgresService, pid: int, waiting: asyncio.Task[None], standby: LockSession
+) -> None:
+    """An admin ends the squatting session ``pid``: the standby waiting is granted the lock at
+    once (and lets it go)."""
+    assert postgres.terminate_backend(pid)
+    await asyncio.wait_for(waiting, 15)
+    await standby.release(None)
 
 
 def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
@@ -96,24 +139,12 @@ def test_a_waiting_standby_hears_of_a_foreign_holder_and_status_names_it(
         assert not waiting.done()
         # The admin's status and a role scoped to team-b both name the holder.
         for url in (squatted, as_role(squatted, B_OPERATOR)):
-            store = open_store(url)
-            (status,) = [
-                k
-                for k in await store.key_status()
-                if k.namespace == "team-b" and k.scheduler == "publish"
-            ]
-            await store.close()
+            status = await publish_status(url)
             assert (status.foreign_holder_role, status.foreign_holder_pid) == (SQUATTER, pid)
-        # An admin ends the squatting session: the standby is granted the lock at once.
-        assert postgres.terminate_backend(pid)
-        await asyncio.wait_for(waiting, 15)
-        await standby.release(None)
+        await granted_once_ended(postgres, pid, waiting, standby)
         await standby.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        squatter.close()
+    run_then_close(run, squatter)
     assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]  # said once, not every slice
 
 
@@ -164,10 +195,7 @@ def test_a_leader_trying_a_squatted_key_hears_of_the_holder_and_leads_the_other_
         await leader.release(None)
         await store.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        squatter.close()
+    run_then_close(run, squatter)
 
 
 def test_a_standby_waiting_for_a_squatted_leadership_lock_hears_of_it(
@@ -189,15 +217,10 @@ def test_a_standby_waiting_for_a_squatted_leadership_lock_hears_of_it(
         for status in statuses:
             assert (status.foreign_holder_role, status.foreign_holder_pid) == (SQUATTER, pid)
             assert status.standbys == ("b-standby",) or status.waiters <= 1
-        assert postgres.terminate_backend(pid)
-        await asyncio.wait_for(waiting, 15)
-        await standby.release(None)
+        await granted_once_ended(postgres, pid, waiting, standby)
         await store.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        squatter.close()
+    run_then_close(run, squatter)
     assert heard == [ForeignHolder(pid=pid, role=SQUATTER)]
 
 
@@ -220,20 +243,11 @@ def test_a_holder_that_serves_the_namespace_is_never_foreign(squatted: str) -> N
             pytest.fail("the standby's wait never went through 3 slices")
         honest.close()
         await asyncio.wait_for(waiting, 15)
-        store = open_store(squatted)
-        (status,) = [
-            k
-            for k in await store.key_status()
-            if k.namespace == "team-b" and k.scheduler == "publish"
-        ]
-        await store.close()
+        status = await publish_status(squatted)
         assert status.foreign_holder_role is None and status.foreign_holder_pid is None
         await standby.close()
 
-    try:
-        asyncio.run(run())
-    finally:
-        honest.close()
+    run_then_close(run, honest)
     assert heard == []
 
 

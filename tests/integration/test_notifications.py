@@ -21,7 +21,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from schedlock.core.logs import Event, records
-from schedlock.store import Channel, open_store
+from schedlock.store import Channel, GrantRequest, open_store
 from schedlock.store.postgres import QuietConnection, _undecodable_notifications
 from testbed.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, with_dbname
 from testbed.rows import insert_rows, wait_published
@@ -79,7 +79,7 @@ def sql_ascii_database(postgres: PostgresService) -> Iterator[str]:
         store = open_store(url)
         try:
             await store.migrate()
-            await store.grant(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE)
+            await store.grant(GrantRequest(sidecar_role=SIDECAR_ROLE, operator_role=OPERATOR_ROLE))
         finally:
             await store.close()
 

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from schedlock.store import Completion, LockKey, open_store
+from schedlock.store import Completion, GrantRequest, LockKey, open_store
 from schedlock.store.postgres import CODEC, PostgresConnector, PostgresSession, Q
 from schedlock.store.rows import Params, Row
 from schedlock.store.verbs import LockVerbs, SqlStore
@@ -235,7 +235,9 @@ def scoped_role(postgres: PostgresService, history: str) -> str:
     store = open_store(history)
     # Both components' grants: it plans the sidecar's verbs and the operator's (cancel_schedule
     # writes a schedule's state, a column no sidecar may write since migration 0010).
-    grant = store.grant(sidecar_role=SCOPED_ROLE, operator_role=SCOPED_ROLE, namespaces=["default"])
+    grant = store.grant(
+        GrantRequest(sidecar_role=SCOPED_ROLE, operator_role=SCOPED_ROLE, namespaces=("default",))
+    )
     asyncio.run(grant)
     policies = postgres.execute(
         "SELECT polrelid::regclass::text, pg_get_expr(polqual, polrelid) FROM pg_policy "

@@ -185,19 +185,16 @@ async def test_terms_and_roster_of_gone_keys_go_and_a_live_keys_never(
 ) -> None:
     url = migrated_database
     old = 2 * HOUR
-    keys = {
-        name: LockKey("publish", "default", name)
-        for name in (
-            "gone",
-            "recent",
-            "never-led",
-            "with-row",
-            "with-suspended",
-            "waited-for",
-            "held",
-            "with-reserve",
-        )
-    }
+    kept = (
+        "recent",
+        "never-led",
+        "with-row",
+        "with-suspended",
+        "waited-for",
+        "held",
+        "with-reserve",
+    )
+    keys = {name: LockKey("publish", "default", name) for name in ("gone", *kept)}
     term(url, keys["gone"], old)
     term(url, keys["recent"], 0.5 * HOUR)
     term(url, keys["never-led"], None, term=0)  # no heartbeat: no age to judge it by
@@ -253,16 +250,7 @@ async def test_terms_and_roster_of_gone_keys_go_and_a_live_keys_never(
 
     assert report.deleted["terms"] == 1
     assert report.deleted["reserves"] == 1
-    assert terms(url) == {
-        "recent",
-        "never-led",
-        "with-row",
-        "with-suspended",
-        "waited-for",
-        "held",
-        "with-reserve",
-        "cron-app",
-    }
+    assert terms(url) == {*kept, "cron-app"}
     assert count(url, "SELECT count(*) FROM schedlock_reserves") == 1
     # Keys kept by a reason that is gone now go at the next pass.
     with psycopg.connect(url, autocommit=True) as conn:
@@ -506,16 +494,13 @@ def test_a_sqlite_sidecar_prunes_what_it_fired(tmp_path: Path) -> None:
     path = tmp_path / "dev.db"
     url = f"sqlite:///{path}"
     receiver = ReceiverProcess(tmp_path / "rx").start()
-    sidecar = SidecarProcess(
+    sidecar = SidecarProcess.for_app(
         "solo",
         tmp_path,
-        {
-            "SCHEDLOCK_DATABASE_URL": url,
-            "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": receiver.url,
-            "SCHEDLOCK_RETENTION_SECONDS": "1",
-            "SCHEDLOCK_PRUNE_INTERVAL_SECONDS": "1",
-        },
+        url,
+        receiver.url,
+        SCHEDLOCK_RETENTION_SECONDS="1",
+        SCHEDLOCK_PRUNE_INTERVAL_SECONDS="1",
     ).start()
 
     def rows() -> int:

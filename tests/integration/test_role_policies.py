@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from schedlock.store import StoreError, open_store
+from schedlock.store import GrantRequest, StoreError, open_store
 from schedlock.store import postgres as pg_store
 from testbed.pg_fixtures import PostgresService, as_role
 from testbed.rows import insert_rows
@@ -99,10 +99,12 @@ def grant(
     store = open_store(url)
     asyncio.run(
         store.grant(
-            sidecar_role=None if operator else role,
-            operator_role=role if operator else None,
-            namespaces=namespaces,
-            only=only,
+            GrantRequest(
+                sidecar_role=None if operator else role,
+                operator_role=role if operator else None,
+                namespaces=namespaces,
+                only=only,
+            )
         )
     )
 
@@ -355,7 +357,9 @@ def test_a_grant_retried_after_a_lock_timeout_reports_once(
     timer.start()
     try:
         report = asyncio.run(
-            open_store(db).grant(sidecar_role=PARENT, operator_role=None, namespaces=["c"])
+            open_store(db).grant(
+                GrantRequest(sidecar_role=PARENT, operator_role=None, namespaces=("c",))
+            )
         )
     finally:
         timer.join()

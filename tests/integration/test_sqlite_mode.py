@@ -38,15 +38,7 @@ def test_sqlite_sidecar_fires_one_shot_and_recurring(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'dev.db'}"
     assert cli("migrate", url=url).returncode == 0
-    sidecar = SidecarProcess(
-        "solo",
-        tmp_path,
-        {
-            "SCHEDLOCK_DATABASE_URL": url,
-            "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": receiver.url,
-        },
-    ).start()
+    sidecar = SidecarProcess.for_app("solo", tmp_path, url, receiver.url).start()
     try:
         sidecar.wait_ready()
         uids = []

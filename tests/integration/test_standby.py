@@ -122,17 +122,14 @@ def test_no_store_session_opens_on_a_standby(pair: Pair) -> None:
 
 
 def sidecar(tmp_path: Path, name: str, url: str, target_url: str) -> SidecarProcess:
-    return SidecarProcess(
+    return SidecarProcess.for_app(
         name,
         tmp_path / "sidecars",
-        {
-            "SCHEDLOCK_DATABASE_URL": url,
-            "SCHEDLOCK_TARGET": "demo",
-            "SCHEDLOCK_TARGET_URL": target_url,
-            "SCHEDLOCK_MIGRATE": "off",
-            "SCHEDLOCK_LEASE_SECONDS": "3",
-            "SCHEDLOCK_HEARTBEAT_SECONDS": "0.8",
-        },
+        url,
+        target_url,
+        SCHEDLOCK_MIGRATE="off",
+        SCHEDLOCK_LEASE_SECONDS="3",
+        SCHEDLOCK_HEARTBEAT_SECONDS="0.8",
     ).start()
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from schedlock.store import (
     Completion,
+    GrantRequest,
     LeadershipLost,
     LockKey,
     LockKeyCollision,
@@ -150,23 +151,19 @@ def test_row_versions_and_terminal_restore_on_both_dialects(
     asyncio.run(run())
 
 
-async def _leader(url: str, holder: str) -> tuple[object, int]:
-    store = open_store(url)
-    session = store.lock_session(KEY, holder, 10)
+async def _lead(store: Store, holder: str = "a", key: LockKey = KEY) -> tuple[LockSession, int]:
+    """A lock session of ``key`` that holds its lock and has begun a term."""
+    session = store.lock_session(key, holder, 10)
     await session.connect()
     await session.acquire()
-    start = await session.begin_term()
-    return session, start.term
+    return session, (await session.begin_term()).term
 
 
 def test_a_stale_term_cannot_record_outcomes(migrated_database: str) -> None:
     async def run() -> None:
         store = open_store(migrated_database)
         await store.upsert_publish(spec(due_in=-1))
-        session = store.lock_session(KEY, "a", 10)
-        await session.connect()
-        await session.acquire()
-        term = (await session.begin_term()).term
+        session, term = await _lead(store)
         claimed = await session.claim_due(term, 10)
         assert [r.uid for r in claimed.rows] == ["u1"]
         # Another leader's term (as if this session had lost the lock and someone took over).
@@ -187,10 +184,7 @@ def test_orphans_of_a_crashed_term_are_adopted(migrated_database: str) -> None:
     async def run() -> None:
         store = open_store(migrated_database)
         await store.upsert_publish(spec(due_in=-1))
-        first = store.lock_session(KEY, "a", 10)
-        await first.connect()
-        await first.acquire()
-        term1 = (await first.begin_term()).term
+        first, term1 = await _lead(store)
         row = (await first.claim_due(term1, 10)).rows[0]
         await first.close()  # crash: the row stays 'firing'
         second = store.lock_session(KEY, "b", 10)
@@ -224,10 +218,7 @@ def test_the_last_fire_is_kept_by_complete_on_the_terms_row(
         await store.migrate()
         for uid in ("ok", "bad", "again"):
             await store.upsert_publish(spec(uid, due_in=-1))
-        session = store.lock_session(KEY, "a", 10)
-        await session.connect()
-        await session.acquire()
-        term = (await session.begin_term()).term
+        session, term = await _lead(store)
         rows = {r.uid: r.id for r in (await session.claim_due(term, 10)).rows}
         assert (await store.key_status())[0].last_fire is None
         await session.complete(term, [Completion(rows["bad"], "failed", status=500)])
@@ -326,14 +317,6 @@ async def _listen_to_outcomes(
     listener = asyncio.create_task(store.listen(Channel.OUTCOMES, notes.put_nowait, ready))
     await asyncio.wait_for(ready.wait(), 10)
     return notes, listener
-
-
-async def _lead(store: Store) -> tuple[LockSession, int]:
-    """A lock session of KEY that holds its lock and has begun a term."""
-    session = store.lock_session(KEY, "a", 10)
-    await session.connect()
-    await session.acquire()
-    return session, (await session.begin_term()).term
 
 
 def test_every_outcome_batch_notifies_the_operator_channel(migrated_database: str) -> None:
@@ -591,10 +574,14 @@ def test_upgrading_to_namespace_roles_keeps_granted_roles_on_every_namespace(
         return {str(ns): int(n) for ns, n in found}
 
     assert visible() == {"team-a": 2, "team-b": 3}
-    grant = store.grant(sidecar_role=sidecar, operator_role=None, namespaces=["team-a"])
+    grant = store.grant(
+        GrantRequest(sidecar_role=sidecar, operator_role=None, namespaces=("team-a",))
+    )
     assert asyncio.run(grant).serves == {sidecar: ("*", "team-a")}  # added: still every one
     assert visible() == {"team-a": 2, "team-b": 3}
-    only = store.grant(sidecar_role=sidecar, operator_role=None, namespaces=["team-a"], only=True)
+    only = store.grant(
+        GrantRequest(sidecar_role=sidecar, operator_role=None, namespaces=("team-a",), only=True)
+    )
     assert asyncio.run(only).serves == {sidecar: ("team-a",)}
     assert visible() == {"team-a": 2}
 
@@ -633,10 +620,7 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
         assert await store.missing_privileges("sidecar") == (sidecar, [])
         fired = []
         for key in (KEY, recurring):
-            session = store.lock_session(key, f"holder-{uid}", 10)
-            await session.connect()
-            await session.acquire()
-            term = (await session.begin_term()).term
+            session, term = await _lead(store, f"holder-{uid}", key)
             if key is recurring:
                 (due,) = [d for d in await session.due_schedules(10) if d.uid == f"s-{uid}"]
                 slot_at = due.db_now.replace(microsecond=123456) - timedelta(seconds=1)
@@ -661,11 +645,13 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
         assert conn.execute(rewrite, ("before",)).rowcount == 1  # table-wide: not narrowed yet
     # Granted again by this release without --narrow (sidecars of the release before may
     # still run under it): it keeps them, and is told how to narrow.
-    report = asyncio.run(owner.grant(sidecar_role=sidecar, operator_role=None))
+    report = asyncio.run(owner.grant(GrantRequest(sidecar_role=sidecar, operator_role=None)))
     assert report.table_wide == [sidecar] and report.narrowed == report.columns_only == []
     with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
         assert conn.execute(rewrite, ("before",)).rowcount == 1
-    report = asyncio.run(owner.grant(sidecar_role=sidecar, operator_role=None, narrow=True))
+    report = asyncio.run(
+        owner.grant(GrantRequest(sidecar_role=sidecar, operator_role=None, narrow=True))
+    )
     assert report.narrowed == report.columns_only == [sidecar]
     assert report.kept_broad == report.table_wide == []
     fired = asyncio.run(fire_both("after"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from schedlock.store import open_store
+from schedlock.store import GrantRequest, open_store
 from testbed.pg_fixtures import BEFORE_COLUMN_GRANTS, PostgresService, as_role, grant_table_wide
 from testbed.rows import insert_rows, row_states, wait_published
 from testbed.sidecars import SidecarGroup, wait_for
@@ -85,7 +85,7 @@ def test_a_sidecar_role_of_the_release_before_fires_through_the_column_grants(
         wait_published(database, "before", 5)
         wait_for(lambda: slots_published() >= 1, timeout=30, what="a slot fired")
         report = asyncio.run(
-            owner.grant(sidecar_role=sidecar_role, operator_role=None, narrow=True)
+            owner.grant(GrantRequest(sidecar_role=sidecar_role, operator_role=None, narrow=True))
         )
         assert report.narrowed == [sidecar_role]
         fired = slots_published()

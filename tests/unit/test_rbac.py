@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from schedlock.operator.rbac import operator_rules
 from testbed.rbac import operator_rbac
+
+
+def assert_binds_the_operator(binding: dict[str, Any], role_kind: str) -> None:
+    """The binding grants role ``op`` of ``role_kind`` to the operator's ServiceAccount, which
+    stays in the operator's namespace."""
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": role_kind,
+        "name": "op",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "op-sa", "namespace": "schedlock-system"}
+    ]
 
 
 def test_cluster_wide_without_watched_namespaces() -> None:
@@ -11,14 +26,7 @@ def test_cluster_wide_without_watched_namespaces() -> None:
     assert role["kind"] == "ClusterRole" and "namespace" not in role["metadata"]
     assert role["rules"] == operator_rules()
     assert binding["kind"] == "ClusterRoleBinding"
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
-        "name": "op",
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "op-sa", "namespace": "schedlock-system"}
-    ]
+    assert_binds_the_operator(binding, "ClusterRole")
 
 
 def test_a_role_and_binding_in_each_watched_namespace_and_nothing_cluster_wide() -> None:
@@ -34,15 +42,7 @@ def test_a_role_and_binding_in_each_watched_namespace_and_nothing_cluster_wide()
     for role in objects[::2]:
         assert role["rules"] == operator_rules()
     for binding in objects[1::2]:
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "Role",
-            "name": "op",
-        }
-        # The ServiceAccount stays in the operator's namespace.
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": "op-sa", "namespace": "schedlock-system"}
-        ]
+        assert_binds_the_operator(binding, "Role")
 
 
 def test_every_rule_is_on_a_namespaced_resource() -> None:

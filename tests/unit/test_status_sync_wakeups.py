@@ -7,8 +7,9 @@ and a stop while waiting for the sync lock returns at once.  (``tests/e2e/test_o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -84,6 +85,18 @@ def start(
     return sync, asyncio.create_task(sync.run(stopping))
 
 
+@contextlib.asynccontextmanager
+async def syncing(store: MemoryStore, *, listed: bool = True) -> AsyncIterator[StatusSync]:
+    """The status sync running on ``store`` for the block, stopped (within 5 s) at its end."""
+    stopping = asyncio.Event()
+    sync, task = start(store, stopping, listed=listed)
+    try:
+        yield sync
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 5)
+
+
 async def until(predicate: Callable[[], bool]) -> None:
     async with asyncio.timeout(120):
         while not predicate():
@@ -92,20 +105,20 @@ async def until(predicate: Callable[[], bool]) -> None:
 
 def test_outcomes_are_synced_on_notify_at_once_and_swept_on_the_interval() -> None:
     async def body() -> None:
-        store, stopping = memory(), asyncio.Event()
-        sync, task = start(store, stopping)
-        await until(lambda: sync.active and listening(store) and bool(store.sweeps))
-        t0 = sweeps(store)[0]
-        await asyncio.sleep(1)
-        notified_at = now()
-        notify(store, json.dumps({"ids": [7, 3]}))
-        await until(lambda: bool(ids_read(store)))
-        assert ids_read(store) == [(notified_at, [3, 7])], "synced when notified, not at the sweep"
-        await asyncio.sleep(SWEEP)
-        assert sweeps(store) == [t0, t0 + SWEEP], "and swept on its interval"
-        assert store.held[0].pings == sweeps(store)
-        stopping.set()
-        await asyncio.wait_for(task, 5)
+        store = memory()
+        async with syncing(store) as sync:
+            await until(lambda: sync.active and listening(store) and bool(store.sweeps))
+            t0 = sweeps(store)[0]
+            await asyncio.sleep(1)
+            notified_at = now()
+            notify(store, json.dumps({"ids": [7, 3]}))
+            await until(lambda: bool(ids_read(store)))
+            assert ids_read(store) == [(notified_at, [3, 7])], (
+                "synced when notified, not at the sweep"
+            )
+            await asyncio.sleep(SWEEP)
+            assert sweeps(store) == [t0, t0 + SWEEP], "and swept on its interval"
+            assert store.held[0].pings == sweeps(store)
         assert store.held[0].closed and not sync.active
 
     run(body())
@@ -113,29 +126,25 @@ def test_outcomes_are_synced_on_notify_at_once_and_swept_on_the_interval() -> No
 
 def test_a_lost_session_is_retried_after_a_backoff() -> None:
     async def body() -> None:
-        store, stopping = memory(next_held_fails_ping=True), asyncio.Event()
-        _, task = start(store, stopping)
-        await until(lambda: len(store.held) == 2)
-        lost_at = store.held[0].pings[0]
-        # The kit's back-off: 1 s with jitter in [0.5, 1.5), then a new session.
-        assert 0.5 <= sweeps(store)[1] - lost_at < 1.5
-        assert store.held[0].closed
-        stopping.set()
-        await asyncio.wait_for(task, 5)
+        store = memory(next_held_fails_ping=True)
+        async with syncing(store):
+            await until(lambda: len(store.held) == 2)
+            lost_at = store.held[0].pings[0]
+            # The kit's back-off: 1 s with jitter in [0.5, 1.5), then a new session.
+            assert 0.5 <= sweeps(store)[1] - lost_at < 1.5
+            assert store.held[0].closed
 
     run(body())
 
 
 def test_a_stop_while_waiting_for_the_sync_lock_returns_at_once() -> None:
     async def body() -> None:
-        store, stopping = memory(), asyncio.Event()
+        store = memory()
         other = await store.hold_lock(SYNC_LOCK_OBJID, "another-operator-sync")
-        sync, task = start(store, stopping)
-        await asyncio.sleep(60)
-        assert not sync.active and store.held == [other]
-        stopped_at = now()
-        stopping.set()
-        await asyncio.wait_for(task, 5)
+        async with syncing(store) as sync:
+            await asyncio.sleep(60)
+            assert not sync.active and store.held == [other]
+            stopped_at = now()
         assert now() == stopped_at
 
     run(body())
@@ -143,19 +152,17 @@ def test_a_stop_while_waiting_for_the_sync_lock_returns_at_once() -> None:
 
 def test_without_a_cursor_the_sync_starts_a_bounded_catch_up_back_and_stores_one() -> None:
     async def body() -> None:
-        store, stopping = memory(), asyncio.Event()
-        _, task = start(store, stopping)
-        await until(lambda: len(store.sweeps) == 2)
-        first, second = sweeps(store)
-        read_at = store.cursor_reads[0].now
-        assert swept_from(store)[0] == read_at - timedelta(hours=1), "not the epoch"
-        # stored after each completed sweep, and each next sweep goes on from it
-        assert swept_from(store)[1] == db_time(first) - SWEEP_OVERLAP
-        stored = db_time(second) - SWEEP_OVERLAP
-        await until(lambda: store.cursors.get(SYNC_CURSOR) == stored)
-        assert len(store.cursor_reads) == 1  # read once per activation
-        stopping.set()
-        await asyncio.wait_for(task, 5)
+        store = memory()
+        async with syncing(store):
+            await until(lambda: len(store.sweeps) == 2)
+            first, second = sweeps(store)
+            read_at = store.cursor_reads[0].now
+            assert swept_from(store)[0] == read_at - timedelta(hours=1), "not the epoch"
+            # stored after each completed sweep, and each next sweep goes on from it
+            assert swept_from(store)[1] == db_time(first) - SWEEP_OVERLAP
+            stored = db_time(second) - SWEEP_OVERLAP
+            await until(lambda: store.cursors.get(SYNC_CURSOR) == stored)
+            assert len(store.cursor_reads) == 1  # read once per activation
 
     run(body())
 
@@ -164,40 +171,33 @@ def test_a_new_activation_resumes_from_the_stored_cursor() -> None:
     async def body() -> None:
         stored = DB_NOW - timedelta(days=30)  # however old: the rows since then are the work
         store = memory(next_held_fails_ping=True, cursors={SYNC_CURSOR: stored})
-        stopping = asyncio.Event()
-        _, task = start(store, stopping)
-        await until(lambda: len(store.held) == 2 and len(store.sweeps) == 2)
-        assert swept_from(store)[0] == stored
-        # the first session ended after its sweep; the next one reads the cursor it stored
-        after_first = db_time(sweeps(store)[0]) - SWEEP_OVERLAP
-        assert [c.watermark_at for c in store.cursor_reads] == [stored, after_first]
-        assert swept_from(store)[1] == after_first
-        stopping.set()
-        await asyncio.wait_for(task, 5)
+        async with syncing(store):
+            await until(lambda: len(store.held) == 2 and len(store.sweeps) == 2)
+            assert swept_from(store)[0] == stored
+            # the first session ended after its sweep; the next one reads the cursor it stored
+            after_first = db_time(sweeps(store)[0]) - SWEEP_OVERLAP
+            assert [c.watermark_at for c in store.cursor_reads] == [stored, after_first]
+            assert swept_from(store)[1] == after_first
 
     run(body())
 
 
 def test_the_first_sweep_waits_for_the_listing_a_bounded_time() -> None:
     async def body() -> None:
-        store, stopping = memory(), asyncio.Event()
-        sync, task = start(store, stopping, listed=False)
-        started = now()
-        await asyncio.sleep(3)
-        assert sweeps(store) == [], "not before kopf has listed the objects"
-        sync.listed.set()
-        await until(lambda: bool(store.sweeps))
-        assert sweeps(store) == [pytest.approx(started + 3)]
-        stopping.set()
-        await asyncio.wait_for(task, 5)
+        store = memory()
+        async with syncing(store, listed=False) as sync:
+            started = now()
+            await asyncio.sleep(3)
+            assert sweeps(store) == [], "not before kopf has listed the objects"
+            sync.listed.set()
+            await until(lambda: bool(store.sweeps))
+            assert sweeps(store) == [pytest.approx(started + 3)]
         # no listing at all (no object in the cluster): the sweep goes on after the wait
-        store, stopping = memory(), asyncio.Event()
-        _, task = start(store, stopping, listed=False)
-        started = now()
-        await until(lambda: bool(store.sweeps))
-        assert sweeps(store) == [pytest.approx(started + LISTING_WAIT_SECONDS)]
-        stopping.set()
-        await asyncio.wait_for(task, 5)
+        store = memory()
+        async with syncing(store, listed=False):
+            started = now()
+            await until(lambda: bool(store.sweeps))
+            assert sweeps(store) == [pytest.approx(started + LISTING_WAIT_SECONDS)]
 
     run(body())
 

@@ -44,6 +44,7 @@ from schedlock.operator.crd import MAX_SCHEDULE_LENGTH, MAX_TIME_ZONE_LENGTH
 from schedlock.store import (
     EVERY_NAMESPACE,
     GrantReport,
+    GrantRequest,
     KeyStatus,
     MigrationRefused,
     PublishSpec,
@@ -180,7 +181,7 @@ def _with_store(
 
 def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
     to = None if args.to is None else flag_value("--to", args.to, integer(0, 9999))
-    namespaces = [flag_value("--namespace", raw, dns_label) for raw in args.namespace or ()]
+    namespaces = tuple(flag_value("--namespace", raw, dns_label) for raw in args.namespace or ())
     granting = bool(args.grant_sidecar or args.grant_operator)
     if (namespaces or args.only) and not granting:
         raise CommandError(
@@ -196,11 +197,13 @@ def cmd_migrate(db: DatabaseSettings, args: argparse.Namespace) -> int:
             return exc
         if granting:
             report = await store.grant(
-                sidecar_role=args.grant_sidecar,
-                operator_role=args.grant_operator,
-                namespaces=namespaces,
-                only=args.only,
-                narrow=args.narrow,
+                GrantRequest(
+                    sidecar_role=args.grant_sidecar,
+                    operator_role=args.grant_operator,
+                    namespaces=namespaces,
+                    only=args.only,
+                    narrow=args.narrow,
+                )
             )
             if report.serves:
                 print("\n".join(grant_report(report)))

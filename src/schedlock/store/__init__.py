@@ -59,6 +59,7 @@ from schedlock.store.models import (
     FireRow,
     ForeignHolder,
     GrantReport,
+    GrantRequest,
     Heartbeat,
     KeyStatus,
     PublishRecord,
@@ -67,6 +68,7 @@ from schedlock.store.models import (
     ReserveRoster,
     RowState,
     RowVersion,
+    ScheduleAdvance,
     ScheduleRecord,
     ScheduleSpec,
     SchemaStatus,
@@ -98,6 +100,7 @@ __all__ = [
     "FireRow",
     "ForeignHolder",
     "GrantReport",
+    "GrantRequest",
     "Heartbeat",
     "HeldLock",
     "KeyStatus",
@@ -115,6 +118,7 @@ __all__ = [
     "ReserveRoster",
     "RowState",
     "RowVersion",
+    "ScheduleAdvance",
     "ScheduleRecord",
     "ScheduleSpec",
     "SchemaChanged",
@@ -220,48 +224,32 @@ async def wait_for_schema(
     reason), and success reports None.  Errors in ``fatal`` propagate.  False when stopped.
     """
     backoff = Backoff(SCHEMA_RETRY_FIRST, SCHEMA_RETRY_CAP)
+
+    # Each failure: the caller's readiness shows its summary (words), the log has both (the
+    # detail was scrubbed of the URL's secrets when the store made the error).
+    def failed(exc: StoreError, level: int, message: str, event: Event, **more: object) -> None:
+        report(exc)
+        log.log(
+            level, message, extra={"event": event, "reason": exc.summary, "error": str(exc), **more}
+        )
+
     while not stopping.is_set():
         delay = round(backoff.next(), 2)
         try:
             await ensure_schema(store, migrate=migrate, component=component, namespaces=namespaces)
         except fatal:
             raise
-        # Each failure: the caller's readiness shows its summary (words), the log has both
-        # (the detail was scrubbed of the URL's secrets when the store made the error).
         except SchemaTooNew as exc:
             # Refuse to run, but stay up and say why: `schedlock migrate --to` run by the
             # newer release, or an upgraded image, fixes it without a crash loop.
-            report(exc)
-            log.error(
-                "database schema is newer than this binary",
-                extra={
-                    "event": Event.DATABASE_SCHEMA_NEWER,
-                    "reason": exc.summary,
-                    "error": str(exc),
-                },
-            )
+            message = "database schema is newer than this binary"
+            failed(exc, logging.ERROR, message, Event.DATABASE_SCHEMA_NEWER)
         except (StoreUnavailable, SchemaNotCurrent) as exc:
-            report(exc)
-            log.warning(
-                "database not ready, retrying",
-                extra={
-                    "event": Event.DATABASE_NOT_READY,
-                    "reason": exc.summary,
-                    "error": str(exc),
-                    "retry_in_s": delay,
-                },
-            )
+            message = "database not ready, retrying"
+            failed(exc, logging.WARNING, message, Event.DATABASE_NOT_READY, retry_in_s=delay)
         except StoreError as exc:
-            report(exc)
-            log.warning(
-                "database not usable yet, retrying",
-                extra={
-                    "event": Event.DATABASE_NOT_USABLE,
-                    "reason": exc.summary,
-                    "error": str(exc),
-                    "retry_in_s": delay,
-                },
-            )
+            message = "database not usable yet, retrying"
+            failed(exc, logging.WARNING, message, Event.DATABASE_NOT_USABLE, retry_in_s=delay)
         else:
             report(None)
             return True

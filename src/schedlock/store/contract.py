@@ -55,13 +55,7 @@ class LockSession(Protocol):
         self, term: int, schedule_id: int, slot_uid: str, slot_at: datetime
     ) -> bool: ...
     async def advance_schedule(
-        self,
-        term: int,
-        schedule_id: int,
-        *,
-        watermark_at: datetime,
-        next_slot_at: datetime,
-        fired_slot_at: datetime | None,
+        self, term: int, schedule_id: int, advance: models.ScheduleAdvance
     ) -> None: ...
 
 
@@ -99,15 +93,7 @@ class Sessions(Protocol):
     url: str
 
     async def close(self) -> None: ...
-    async def grant(
-        self,
-        *,
-        sidecar_role: str | None,
-        operator_role: str | None,
-        namespaces: Sequence[str] = (),
-        only: bool = False,
-        narrow: bool = False,
-    ) -> models.GrantReport: ...
+    async def grant(self, request: models.GrantRequest) -> models.GrantReport: ...
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]: ...
     async def served_namespaces(self) -> models.ServedNamespaces: ...
     def lock_session(

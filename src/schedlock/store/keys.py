@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 SCHEDLOCK_CLASS_ID = 0x53434C4B
 STANDBY_CLASS_ID = 0x53434C53
@@ -61,42 +62,58 @@ def objid_for(text: str) -> int:
     return int.from_bytes(digest[:4], "big", signed=True)
 
 
-@dataclass(frozen=True, order=True)
-class LockKey:
-    scheduler: str
-    namespace: str
-    target: str
+class AdvisoryLock:
+    """What a key's lock and a target's leadership lock share: a ``text`` that names the lock
+    and its standby places, and its two-int4 ids (class ``classid``; ``objid`` the hash of the
+    text unless the kind says otherwise)."""
+
+    classid: ClassVar[int]
 
     @property
     def text(self) -> str:
-        return f"schedlock/v1/{self.scheduler}/{self.namespace}/{self.target}"
-
-    @property
-    def classid(self) -> int:
-        return SCHEDLOCK_CLASS_ID
+        raise NotImplementedError
 
     @property
     def objid(self) -> int:
         return objid_for(self.text)
 
     def standby_objids(self, places: int) -> list[int]:
-        """The objids of the key's standby places 0 .. places-1 (class ``STANDBY_CLASS_ID``)."""
+        """The objids of the lock's standby places 0 .. places-1 (class ``STANDBY_CLASS_ID``)."""
         return [objid_for(f"{self.text}/standby/{i}") for i in range(places)]
 
     def params(self) -> dict[str, object]:
+        """The lock ids as query parameters (``classid``, ``objid``)."""
+        return {"classid": self.classid, "objid": self.objid}
+
+
+@dataclass(frozen=True, order=True)
+class LockKey(AdvisoryLock):
+    scheduler: str
+    namespace: str
+    target: str
+
+    classid: ClassVar[int] = SCHEDLOCK_CLASS_ID
+
+    @property
+    def text(self) -> str:
+        return f"schedlock/v1/{self.scheduler}/{self.namespace}/{self.target}"
+
+    def params(self) -> dict[str, object]:
         """The key as query parameters: its three parts and its lock ids."""
-        return {**dataclasses.asdict(self), "classid": self.classid, "objid": self.objid}
+        return {**dataclasses.asdict(self), **super().params()}
 
     def __str__(self) -> str:
         return f"{self.scheduler}/{self.namespace}/{self.target}"
 
 
 @dataclass(frozen=True)
-class TargetLock:
+class TargetLock(AdvisoryLock):
     """The leadership lock of a target's keys (``keys[0]`` names it): what its replicas queue
     for, one session each, before taking the keys' own locks."""
 
     keys: tuple[LockKey, ...]
+
+    classid: ClassVar[int] = LEADER_CLASS_ID
 
     def __post_init__(self) -> None:
         parts = {(k.namespace, k.target) for k in self.keys}
@@ -116,20 +133,8 @@ class TargetLock:
         return f"schedlock/v1/{self.namespace}/{self.target}"
 
     @property
-    def classid(self) -> int:
-        return LEADER_CLASS_ID
-
-    @property
     def objid(self) -> int:
         return self.keys[0].objid
-
-    def standby_objids(self, places: int) -> list[int]:
-        """The objids of the target's standby places 0 .. places-1 (class ``STANDBY_CLASS_ID``)."""
-        return [objid_for(f"{self.text}/standby/{i}") for i in range(places)]
-
-    def params(self) -> dict[str, object]:
-        """The lock ids as query parameters (``classid``, ``objid``)."""
-        return {"classid": self.classid, "objid": self.objid}
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.target}"

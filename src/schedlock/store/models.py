@@ -113,6 +113,19 @@ class DueSchedule:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScheduleAdvance:
+    """Where a recurring schedule moves after a materializing pass (its fields are the
+    ``advance_schedule`` query's parameters)."""
+
+    watermark_at: datetime
+    """Slots up to here are dealt with."""
+    next_slot_at: datetime
+    """When the schedule is next due."""
+    fired_slot_at: datetime | None
+    """The slot a row was inserted for (the schedule's ``last_slot_at``); None: none fired."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RowSpec:
     """What a one-shot publish and a schedule share, as the operator or CLI declares them
     (keyed by ``uid``; its fields are the upsert queries' parameters, by name)."""
@@ -249,6 +262,24 @@ class ServedNamespaces:
     def covers(self, namespace: str) -> bool:
         """Whether the role may serve ``namespace`` (``*``: whether it serves every one)."""
         return self.every or namespace in self.namespaces
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrantRequest:
+    """Whom ``schedlock migrate --grant-…`` grants to and what they may serve."""
+
+    sidecar_role: str | None = None
+    operator_role: str | None = None
+    namespaces: tuple[str, ...] = ()
+    """Added to each role's namespaces (none: every namespace, ``*``, single-tenant)."""
+    only: bool = False
+    """The namespaces replace the role's instead of adding to them."""
+    narrow: bool = False
+    """Revoke the table-wide writes an earlier release granted the sidecar's role."""
+
+    @property
+    def scope(self) -> tuple[str, ...]:
+        return self.namespaces or (EVERY_NAMESPACE,)
 
 
 @dataclass(frozen=True)

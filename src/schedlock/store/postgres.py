@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC
 from typing import Any, TypeVar
 
@@ -57,9 +57,9 @@ from schedlock.store.keys import (
     TargetLock,
 )
 from schedlock.store.models import (
-    EVERY_NAMESPACE,
     ForeignHolder,
     GrantReport,
+    GrantRequest,
     ReserveRoster,
     ServedNamespaces,
 )
@@ -477,18 +477,18 @@ def privilege_checks(grants: Grants) -> list[tuple[str, tuple[str, ...], str]]:
 
 
 async def _narrow_sidecar(
-    conn: Conn, role: str, report: GrantReport, *, also_operator: str | None, narrow: bool
+    conn: Conn, role: str, report: GrantReport, request: GrantRequest
 ) -> None:
-    """With ``narrow``, revoke what releases before migration 0010 granted a sidecar beyond its
+    """With the request's ``narrow``, revoke what releases before migration 0010 granted a sidecar beyond its
     columns and functions (:data:`SIDECAR_NARROWED`), unless the role is the operator's too: it
     writes whole rows (its privileges would be revoked with them).  Without, only tell whether
     the role still holds them."""
     cur = await conn.execute(Q["sidecar_writes"], {"role": role})
     found = await cur.fetchone()
     assert found is not None
-    if role == also_operator or found["operator"]:
+    if role == request.operator_role or found["operator"]:
         report.kept_broad.append(role)
-    elif narrow:
+    elif request.narrow:
         for privileges, objects in SIDECAR_NARROWED:
             for obj in objects:
                 await conn.execute(
@@ -1132,18 +1132,10 @@ class PostgresConnector:
                 if not released[0]["released"]:
                     raise UnlockFailed("the migration lock was not held when releasing it")
 
-    async def grant(
-        self,
-        *,
-        sidecar_role: str | None,
-        operator_role: str | None,
-        namespaces: Sequence[str] = (),
-        only: bool = False,
-        narrow: bool = False,
-    ) -> GrantReport:
+    async def grant(self, request: GrantRequest) -> GrantReport:
         """Grant the least privileges each runtime role needs (run as the schema owner) and
         record the namespaces it may serve (migration 0008's mapping, which row-level security
-        enforces): ``namespaces`` added to the role's, or with ``only`` in place of all of them;
+        enforces): the request's ``namespaces`` added to the role's, or with ``only`` in place of all of them;
         none: every namespace (``*``, single-tenant).  The mapping's trigger (migration 0011)
         writes the role's policies in the same transaction, which waits for their tables' lock
         a bounded time per try (:data:`POLICY_LOCK_TIMEOUT_MS`), so that sidecars running
@@ -1157,7 +1149,6 @@ class PostgresConnector:
         schema is revoked from PUBLIC (else every role could create tables and functions
         beside ours); a role that could still create there is refused, naming how.
         """
-        scope = tuple(namespaces) or (EVERY_NAMESPACE,)
 
         async def run(conn: Conn) -> GrantReport:
             report = GrantReport()
@@ -1166,8 +1157,8 @@ class PostgresConnector:
             assert found is not None
             schema = _name(found["schema"])
             for role, grants in (
-                (sidecar_role, SIDECAR_GRANTS + PRUNE_GRANTS),
-                (operator_role, OPERATOR_GRANTS + PRUNE_GRANTS),
+                (request.sidecar_role, SIDECAR_GRANTS + PRUNE_GRANTS),
+                (request.operator_role, OPERATOR_GRANTS + PRUNE_GRANTS),
             ):
                 if not role:
                     continue
@@ -1189,10 +1180,8 @@ class PostgresConnector:
                                     sql.Identifier(schema), sql.Identifier(role)
                                 )
                             )
-                            if role == sidecar_role:
-                                await _narrow_sidecar(
-                                    conn, role, report, also_operator=operator_role, narrow=narrow
-                                )
+                            if role == request.sidecar_role:
+                                await _narrow_sidecar(conn, role, report, request)
                             for privileges, objects in grants:
                                 for obj in objects:
                                     await conn.execute(
@@ -1201,7 +1190,11 @@ class PostgresConnector:
                                         )
                                     )
                             # Migration 0011's trigger rewrites the roles' policies from it.
-                            params = {"role": role, "namespaces": list(scope), "only": only}
+                            params = {
+                                "role": role,
+                                "namespaces": list(request.scope),
+                                "only": request.only,
+                            }
                             cur = await conn.execute(Q["record_namespaces"], params)
                             served = await cur.fetchone()
                             assert served is not None

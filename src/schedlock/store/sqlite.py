@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -28,6 +28,7 @@ from schedlock.store.models import (
     EVERY_NAMESPACE,
     ForeignHolder,
     GrantReport,
+    GrantRequest,
     ReserveRoster,
     ServedNamespaces,
 )
@@ -273,15 +274,7 @@ class SqliteConnector:
         loops' too, and they run between the pass's batches."""
         yield self.db.session
 
-    async def grant(
-        self,
-        *,
-        sidecar_role: str | None,
-        operator_role: str | None,
-        namespaces: Sequence[str] = (),
-        only: bool = False,
-        narrow: bool = False,
-    ) -> GrantReport:
+    async def grant(self, request: GrantRequest) -> GrantReport:
         return GrantReport()  # SQLite has no roles: nobody to grant to
 
     async def served_namespaces(self) -> ServedNamespaces:

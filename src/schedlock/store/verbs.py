@@ -20,7 +20,7 @@ from schedlock.core.logs import Event
 from schedlock.core.payloads import MAX_PAYLOAD_BYTES
 from schedlock.core.timings import MAX_LEASE_SECONDS
 from schedlock.store import models
-from schedlock.store.contract import HeldLock, LockSession, Maintenance, Sessions
+from schedlock.store.contract import Maintenance, Sessions
 from schedlock.store.errors import (
     LeadershipLost,
     SchemaNotCurrent,
@@ -32,7 +32,6 @@ from schedlock.store.keys import (
     SCHEDLOCK_CLASS_ID,
     STANDBY_CLASS_ID,
     LockKey,
-    TargetLock,
 )
 from schedlock.store.migrations import (
     Migration,
@@ -45,7 +44,7 @@ from schedlock.store.migrations import (
 from schedlock.store.rows import Codec, Params, Row, fields_of, from_row, iso
 
 if TYPE_CHECKING:
-    import asyncio
+    pass
 
 log = logging.getLogger("schedlock.store")
 M = TypeVar("M")
@@ -210,17 +209,19 @@ class LockVerbs:
         }
         return len(await self._fetch("insert_slot", params)) == 1
 
-    async def advance_schedule(self, term: int, schedule_id: int, **slots: datetime | None) -> None:
+    async def advance_schedule(
+        self, term: int, schedule_id: int, advance: models.ScheduleAdvance
+    ) -> None:
         """Move the schedule's ``watermark_at``, ``next_slot_at`` and (when a slot fired)
-        ``last_slot_at`` to ``fired_slot_at`` — the keywords are the query's parameters."""
-        params = {"term": term, "schedule_id": schedule_id, **slots}
+        ``last_slot_at`` to ``fired_slot_at`` — the fields are the query's parameters."""
+        params = {"term": term, "schedule_id": schedule_id, **dataclasses.asdict(advance)}
         if await self._execute("advance_schedule", params) != 1:
             raise self._superseded(term)
 
 
 class SqlStore:
-    """The :class:`schedlock.store.Store` of either dialect: admin verbs, status reads, and
-    the factory of lock sessions, over one connector."""
+    """The :class:`schedlock.store.Store` of either dialect: admin verbs and status reads over
+    one connector, whose sessions, roles and closing (``Sessions``) it offers as they are."""
 
     def __init__(self, connector: Connector) -> None:
         self.connector = connector
@@ -228,9 +229,13 @@ class SqlStore:
         self.dialect = connector.dialect
         self.notifies = connector.notifies
         self.url = connector.url
-
-    async def close(self) -> None:
-        await self.connector.close()
+        self.close = connector.close
+        self.grant = connector.grant
+        self.served_namespaces = connector.served_namespaces
+        self.missing_privileges = connector.missing_privileges
+        self.lock_session = connector.lock_session
+        self.listen = connector.listen
+        self.hold_lock = connector.hold_lock
 
     async def _fetch(self, name: str, params: Params | None = None) -> list[Row]:
         async with self.connector.session() as session:
@@ -310,51 +315,6 @@ class SqlStore:
         return models.SchemaStatus(
             current=current, latest=latest, blocking=blocking, location=location, usable=usable
         )
-
-    async def grant(
-        self,
-        *,
-        sidecar_role: str | None,
-        operator_role: str | None,
-        namespaces: Sequence[str] = (),
-        only: bool = False,
-        narrow: bool = False,
-    ) -> models.GrantReport:
-        return await self.connector.grant(
-            sidecar_role=sidecar_role,
-            operator_role=operator_role,
-            namespaces=namespaces,
-            only=only,
-            narrow=narrow,
-        )
-
-    async def served_namespaces(self) -> models.ServedNamespaces:
-        return await self.connector.served_namespaces()
-
-    async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
-        return await self.connector.missing_privileges(component)
-
-    # -- sessions -------------------------------------------------------------------------------
-
-    def lock_session(
-        self,
-        key: LockKey,
-        holder: str,
-        lease_seconds: float,
-        target: TargetLock | None = None,
-    ) -> LockSession:
-        return self.connector.lock_session(key, holder, lease_seconds, target)
-
-    async def listen(
-        self,
-        channel: str,
-        on_payload: Callable[[str | bytes], None],
-        ready: asyncio.Event | None = None,
-    ) -> None:
-        await self.connector.listen(channel, on_payload, ready)
-
-    async def hold_lock(self, objid: int, holder: str) -> HeldLock:
-        return await self.connector.hold_lock(objid, holder)
 
     # -- rows -----------------------------------------------------------------------------------
 
