@@ -111,7 +111,7 @@ from dataclasses import dataclass, field
 from time import time as wall_time
 from typing import Any, Protocol
 
-from schedlock.core.aio import Backoff, Supervisor, now, sleep_unless, unless_set
+from schedlock.core.aio import Backoff, Supervisor, Toggle, now, sleep_unless, unless_set
 from schedlock.core.identities import rfc3339_epoch
 from schedlock.core.logs import Event
 from schedlock.core.redact import printable
@@ -197,13 +197,10 @@ LeaderWork = Callable[[Leadership, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 class AppPresence(Protocol):
-    """Whether this sidecar's own app can take fires (``schedlock.sidecar.target``).
+    """Whether this sidecar's own app can take fires (``schedlock.sidecar.target``): the
+    toggle's ``on`` event is set while it can, its ``off`` event while it cannot."""
 
-    Exactly one of the two events is set at any time.
-    """
-
-    reachable: asyncio.Event
-    unreachable: asyncio.Event
+    reachable: Toggle
     reason: str
 
 
@@ -282,11 +279,11 @@ class Elector:
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            if not self.app.reachable.is_set():
+            if not self.app.reachable.is_on():
                 # No session at all while the app is away: a waiter in pg_advisory_lock could
                 # be granted leadership it cannot use.
                 self._set_role(Role.WAITING_FOR_APP)
-                await sleep_unless(None, self.app.reachable, stopping)
+                await sleep_unless(None, self.app.reachable.on, stopping)
                 if stopping.is_set():
                     break
                 continue
@@ -295,10 +292,10 @@ class Elector:
                 self._set_role(Role.RESERVE)
                 wait = self.next_check_at - self.clock()
                 if wait > 0:
-                    await self.sleep(wait, stopping, self.app.unreachable)
+                    await self.sleep(wait, stopping, self.app.reachable.off)
                 if stopping.is_set():
                     break
-                if not self.app.reachable.is_set():
+                if not self.app.reachable.is_on():
                     continue
                 self.next_check_at = None
             session = self.store.lock_session(
@@ -326,7 +323,7 @@ class Elector:
                 if await unless_set(
                     session.acquire(functools.partial(self._heard_holder, self.lock)),
                     stopping,
-                    self.app.unreachable,
+                    self.app.reachable.off,
                     suppress=(StoreError,),
                 ):
                     self._heard_holder(self.lock, None, "granted")
@@ -466,7 +463,7 @@ class Elector:
     async def _lead(self, session: LockSession, stopping: asyncio.Event) -> None:
         """Holding the target's leadership lock: take each key's own lock on this session and
         lead it (its term, its heartbeat, the work), until the term ends gracefully or fails."""
-        if self.app.unreachable.is_set():
+        if not self.app.reachable.is_on():
             # Granted just as the app went away: hand the lock on before starting a term.
             await session.release(None)
             self._handed_over(None)
@@ -477,14 +474,15 @@ class Elector:
         ending = asyncio.Event()
 
         async def end_term() -> None:
-            await sleep_unless(None, stopping, self.app.unreachable)
+            await sleep_unless(None, stopping, self.app.reachable.off)
             ending.set()
 
         # Every failure of a term is logged (a heartbeat's and a work's both); the first one
         # ends every key's term and reaches run(), which reconnects: the keys move together.
+        # The term's end and the heartbeats serve the works: companions, cancelled once the
+        # works have ended.
         async with Supervisor(f"term:{self.lock}", expected=RETRIED, logger=log) as term:
-            ender = term.start(f"term-end:{self.lock}", end_term())
-            beats: list[asyncio.Task[None]] = []
+            term.start(f"term-end:{self.lock}", end_term(), companion=True)
             works: list[asyncio.Task[None]] = []
             pending = list(self.keys)
             while pending and not ending.is_set():
@@ -494,14 +492,12 @@ class Elector:
                         continue  # held by another session: tried again below
                     pending.remove(key)
                     leadership = await self._begin(key, keyed)
-                    beats.append(term.start(f"heartbeat:{key}", self._heartbeat(leadership)))
+                    term.start(f"heartbeat:{key}", self._heartbeat(leadership), companion=True)
                     works.append(term.start(f"work:{key}", self.work(leadership, ending)))
                 if pending:
                     await self.sleep(KEY_RETRY_SECONDS, ending)
             if works:
                 await asyncio.wait(works)
-            for task in (*beats, ender):
-                task.cancel()
         # Reached only on a graceful end: the work finished or abandoned its in-flight rows.
         terms = list(self.leading.values())
         for leadership in terms:
