@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import logging
+import pkgutil
 import random
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
+import schedlock
+from schedlock.core import aio
 from schedlock.core.aio import (
     Backoff,
     Companion,
@@ -536,3 +542,33 @@ def test_utcnow_is_the_system_clock_or_the_virtual_loops() -> None:
 
     low, read, high = asyncio.run(real())
     assert low <= read <= high, "a real loop: the system's clock, read afresh"
+
+
+def product_sources() -> dict[str, str]:
+    """Every module of the product by its import name, wherever its file lies."""
+    found: dict[str, str] = {}
+    for module in pkgutil.walk_packages(schedlock.__path__, "schedlock."):
+        spec = importlib.util.find_spec(module.name)
+        assert spec is not None and spec.origin is not None, module.name
+        found[module.name] = Path(spec.origin).read_text()
+    return found
+
+
+def test_only_the_kit_starts_tasks() -> None:
+    """One lifecycle: start, failure and stop of every task are written in the kit."""
+    sources = product_sources()
+    assert "schedlock.sidecar.firing" in sources and "schedlock.operator.sync" in sources
+    starting = re.compile(r"\b(create_task|ensure_future)\(")
+    assert [name for name, text in sources.items() if starting.search(text)] == [aio.__name__]
+
+
+def test_the_loops_read_no_clock_but_the_kits() -> None:
+    """One clock: the sidecar and the operator take time from ``now()`` and ``utcnow()`` (the
+    stores' own clocks stand for the database's)."""
+    reading = re.compile(r"\b(datetime\.now|datetime\.utcnow|time\.time|time\.monotonic)\(")
+    found = [
+        name
+        for name, text in product_sources().items()
+        if name.startswith(("schedlock.sidecar.", "schedlock.operator.")) and reading.search(text)
+    ]
+    assert found == []

@@ -196,6 +196,23 @@ def test_a_failed_outcome_write_ends_the_term_at_once() -> None:
     run(body())
 
 
+def test_a_retry_is_due_on_the_database_clock_moved_on_by_the_delivery() -> None:
+    async def body() -> None:
+        rows, app = MemoryStore(), MemoryApp(takes=10, status=503)
+        claimed = row(1)
+        rows.add_due(claimed)
+        term = start(rows, app)
+        await asyncio.sleep(11)
+        [(_, retry)] = rows.completed
+        assert retry.outcome == "retry" and retry.next_attempt_at is not None
+        # answered 10 s after the claim, retried 0.5-1 s (the back-off of 1 s) after that
+        waited = (retry.next_attempt_at - claimed.db_now).total_seconds()
+        assert 10.5 <= waited <= 11, waited
+        await term.stop()
+
+    run(body())
+
+
 def test_with_heartbeats_the_same_row_is_sent() -> None:
     async def body() -> None:
         rows, app = MemoryStore(), MemoryApp()

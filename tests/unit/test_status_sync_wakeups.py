@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from asyncio import Event
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,7 +24,7 @@ from schedlock.operator.sync import (
 )
 from schedlock.store import SYNC_LOCK_OBJID, Channel, StoreUnavailable
 from schedlock.store.verbs import SWEEP_OVERLAP
-from testbed.memory_store import MemoryStore
+from testbed.memory_store import MemoryStore, OnPayload
 from testbed.virtual_time import START, run
 
 SWEEP = 30.0
@@ -131,12 +132,7 @@ def test_a_lost_session_is_retried_after_a_backoff() -> None:
 class ListenerDies(MemoryStore):
     """A store whose listening session ends 5 s after it listens."""
 
-    async def listen(
-        self,
-        channel: str,
-        on_payload: Callable[[str | bytes], None],
-        ready: asyncio.Event | None = None,
-    ) -> None:
+    async def listen(self, channel: str, on_payload: OnPayload, ready: Event | None = None) -> None:
         if ready is not None:
             ready.set()
         await asyncio.sleep(5)

@@ -20,11 +20,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from schedlock.core.aio import Backoff, Companion, RateLimit, sleep_unless, unless_set
+from schedlock.core.aio import Backoff, Companion, RateLimit, sleep_unless, unless_set, utcnow
 from schedlock.core.identities import Scheduler, is_cli_uid, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
@@ -328,7 +328,7 @@ class StatusSync:
             old = {**old, **written[1]}  # our last write, not on the watch yet
         else:
             self._written.pop(uid, None)  # the watch has shown it (or something newer)
-        now = datetime.now(UTC)
+        now = utcnow()
         if record.scheduler == Scheduler.RECURRING:
             schedule = await self.store.get_schedule(uid)
             if schedule is None:

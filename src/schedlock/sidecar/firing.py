@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from schedlock.core.aio import Companion, RateLimit, TaskSet, now, sleep_unless
@@ -116,7 +116,9 @@ class _Term:
     flush_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a batch is never cut in half
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     slot_freed: asyncio.Event = field(default_factory=asyncio.Event)
-    clock_offset: timedelta = timedelta(0)  # database clock minus local clock, from the last claim
+    # The database clock at the last claim, and the loop's clock then: the database's time now
+    # is the one advanced by the other's since (no wall clock is read).
+    db_read: tuple[datetime, float] | None = None
 
     def __post_init__(self) -> None:
         self.opts = self.firer.options
@@ -264,11 +266,14 @@ class _Term:
     # -- deliveries -------------------------------------------------------------------------------
 
     def _db_now(self) -> datetime:
-        return datetime.now(UTC) + self.clock_offset
+        """The database clock now: its reading at the last claim, plus the time since."""
+        assert self.db_read is not None, "rows are fired only once claimed"
+        db_now, at = self.db_read
+        return db_now + timedelta(seconds=now() - at)
 
     def _dispatch(self, rows: list[FireRow]) -> None:
         if rows:
-            self.clock_offset = rows[0].db_now - datetime.now(UTC)
+            self.db_read = (rows[0].db_now, now())
         for row in rows:
             self.inflight.start(f"fire:{row.id}", self._fire(row))
 
