@@ -9,8 +9,10 @@ import logging
 import pkgutil
 import random
 import re
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -287,23 +289,27 @@ def failures(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
     return [(r.task, r.error) for r in caplog.records if r.event == "task_failed"]  # type: ignore[attr-defined]
 
 
-def test_a_supervisors_companion_is_cancelled_when_the_body_ends() -> None:
-    ended: list[tuple[str, float]] = []
+async def until_cancelled(seen: list[tuple[str, float]]) -> None:
+    """Run until cancelled, noting in ``seen`` when it started and when it ended."""
+    seen.append(("start", now()))
+    try:
+        await asyncio.sleep(1000)
+    finally:
+        seen.append(("end", now()))
 
-    async def forever(name: str) -> None:
-        try:
-            await asyncio.sleep(1000)
-        finally:
-            ended.append((name, now()))
+
+def test_a_supervisors_companion_is_cancelled_when_the_body_ends() -> None:
+    beats: list[tuple[str, float]] = []
+    checks: list[tuple[str, float]] = []
 
     async def body() -> None:
         t0 = now()
         async with Supervisor("term") as group:
-            group.start("heartbeat", forever("heartbeat"), companion=True)
-            group.supervise("check", lambda: forever("check"), Backoff(1, 2), companion=True)
+            group.start("heartbeat", until_cancelled(beats), companion=True)
+            group.supervise("check", lambda: until_cancelled(checks), Backoff(1, 2), companion=True)
             await asyncio.sleep(3)
         assert now() - t0 == 3, "the body's end ends its companions: the block does not wait"
-        assert sorted(ended) == [("check", t0 + 3), ("heartbeat", t0 + 3)]
+        assert beats == checks == [("start", t0), ("end", t0 + 3)]
 
     run(body())
 
@@ -311,20 +317,13 @@ def test_a_supervisors_companion_is_cancelled_when_the_body_ends() -> None:
 def test_a_companion_runs_beside_its_block_and_never_outlives_it() -> None:
     events: list[tuple[str, float]] = []
 
-    async def listens() -> None:
-        events.append(("started", now()))
-        try:
-            await asyncio.sleep(1000)
-        finally:
-            events.append(("ended", now()))
-
     async def body() -> None:
         t0 = now()
-        async with Companion("listen", listens()) as listener:
+        async with Companion("listen", until_cancelled(events)) as listener:
             await asyncio.sleep(2)
             assert not listener.done()
             listener.check()  # running: nothing to raise
-        assert events == [("started", t0), ("ended", t0 + 2)]
+        assert events == [("start", t0), ("end", t0 + 2)]
         assert listener.task.cancelled()
 
     run(body())
@@ -434,12 +433,8 @@ def test_a_task_slot_holds_one_task_stopped_and_started_again(
     caplog.set_level(logging.INFO, logger="schedlock.aio")
     runs: list[tuple[str, float]] = []
 
-    async def pump() -> None:
-        runs.append(("start", now()))
-        try:
-            await asyncio.sleep(1000)
-        finally:
-            runs.append(("end", now()))
+    def pump() -> Coroutine[Any, Any, None]:
+        return until_cancelled(runs)
 
     async def broken_pump() -> None:
         raise KeyError("a listener's bug")

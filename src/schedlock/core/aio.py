@@ -422,6 +422,7 @@ async def _cancel_and_wait(tasks: set[asyncio.Task[Any]]) -> None:
         await asyncio.wait(tasks)
 
 
+@dataclass(eq=False)
 class Companion(Generic[T]):
     """One task beside a block: ``async with Companion("listen", listen()) as listener: ...``.
 
@@ -433,21 +434,13 @@ class Companion(Generic[T]):
     - :meth:`stop` ends it earlier, at a moment of the block's choosing.
     """
 
-    def __init__(
-        self,
-        name: str,
-        coro: Coroutine[Any, Any, T],
-        *,
-        on_done: Callable[[], object] | None = None,
-        expected: tuple[type[BaseException], ...] = (),
-        logger: logging.Logger = log,
-    ) -> None:
-        self.name = name
-        self._coro = coro
-        self._on_done = on_done
-        self.expected = expected
-        self.logger = logger
-        self._task: asyncio.Task[T] | None = None
+    name: str
+    coro: Coroutine[Any, Any, T]
+    _: KW_ONLY
+    on_done: Callable[[], object] | None = None
+    expected: tuple[type[BaseException], ...] = ()
+    logger: logging.Logger = log
+    _task: asyncio.Task[T] | None = field(default=None, init=False)
 
     @property
     def task(self) -> asyncio.Task[T]:
@@ -470,15 +463,10 @@ class Companion(Generic[T]):
         await _cancel_and_wait({self.task})
 
     async def __aenter__(self) -> Companion[T]:
-        self._task = _start(self.name, self._coro, self._on_done)
+        self._task = _start(self.name, self.coro, self.on_done)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
         await self.stop()
         failure = _failure(self.task)
         if failure is None or failure is exc:
@@ -488,6 +476,7 @@ class Companion(Generic[T]):
         log_failure(self.logger, self.name, self.name, failure, self.expected)
 
 
+@dataclass(eq=False)
 class TaskSet:
     """Tasks of like work in flight (each a delivery): started one by one, counted, drained.
 
@@ -499,17 +488,11 @@ class TaskSet:
       then those left are cancelled, and awaited.
     """
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        on_done: Callable[[], object] | None = None,
-        logger: logging.Logger = log,
-    ) -> None:
-        self.name = name
-        self._on_done = on_done
-        self.logger = logger
-        self._tasks: set[asyncio.Task[Any]] = set()
+    name: str
+    _: KW_ONLY
+    on_done: Callable[[], object] | None = None
+    logger: logging.Logger = log
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -525,8 +508,8 @@ class TaskSet:
         failure = _failure(task)
         if failure is not None:
             log_failure(self.logger, self.name, task.get_name(), failure)
-        if self._on_done is not None:
-            self._on_done()
+        if self.on_done is not None:
+            self.on_done()
 
     async def drain(self, grace: float = 0.0) -> None:
         """Give the tasks ``grace`` seconds to end, then cancel those left and wait for them."""
@@ -535,6 +518,7 @@ class TaskSet:
         await _cancel_and_wait(set(self._tasks))
 
 
+@dataclass(eq=False)
 class TaskSlot:
     """At most one task of a kind at a time, stopped and started again at will (the
     notification pump of a session, paused around each statement).
@@ -545,10 +529,10 @@ class TaskSlot:
     - A failure of the task is logged with its name: it has no caller to raise to.
     """
 
-    def __init__(self, name: str, *, logger: logging.Logger = log) -> None:
-        self.name = name
-        self.logger = logger
-        self._task: asyncio.Task[Any] | None = None
+    name: str
+    _: KW_ONLY
+    logger: logging.Logger = log
+    _task: asyncio.Task[Any] | None = field(default=None, init=False)
 
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
@@ -570,15 +554,15 @@ class TaskSlot:
             await _cancel_and_wait({task})
 
 
+@dataclass(eq=False)
 class SingleFlight(Generic[T]):
     """Concurrent callers share one run of a call: ``await flight(lambda: check())`` runs the
     call unless a run is under way, and then returns that run's result (or raises its error)
     instead.  A caller cancelled while it waits leaves the run to the others; the first call
     after a run has ended starts a new one."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._running: asyncio.Task[T] | None = None
+    name: str
+    _running: asyncio.Task[T] | None = field(default=None, init=False)
 
     async def __call__(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
         if self._running is None:
