@@ -27,11 +27,11 @@ import json
 import logging
 import platform
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
+from schedlock.core.aio import utcnow
 from schedlock.core.logs import Event
 from schedlock.operator import mapping
 from schedlock.operator.crd import GROUP, PLURAL, VERSION
@@ -180,7 +180,7 @@ def invalid(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, problem: st
     patch.status["phase"] = "Failed"
     patch.status["observedGeneration"] = generation
     patch.status["conditions"] = mapping.conditions(
-        status.get("conditions"), ready, generation, datetime.now(UTC)
+        status.get("conditions"), ready, generation, utcnow()
     )
     kopf.warn(body, reason="InvalidSpec", message=problem)
 
@@ -256,7 +256,7 @@ def build_registry(
             "active",
         ):
             return  # a replay, or a row that already fired and keeps its outcome
-        new = mapping.scheduled_status(spec, status, datetime.now(UTC))
+        new = mapping.scheduled_status(spec, status, utcnow())
         for key, value in new.items():
             patch.status[key] = value  # Scheduled/Suspended show there: no Event for them
 

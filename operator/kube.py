@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from schedlock.core.aio import utcnow
 from schedlock.core.logs import Event
 from schedlock.operator.crd import GROUP, KIND, PLURAL, VERSION
 
@@ -88,7 +88,7 @@ class Kube:
         self, obj: dict[str, Any], *, type_: str, reason: str, message: str
     ) -> None:
         meta = obj["metadata"]
-        now = datetime.now(UTC)
+        now = utcnow()
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(
                 generate_name=f"{meta['name']}.", namespace=meta["namespace"]

@@ -20,11 +20,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from schedlock.core.aio import Backoff, RateLimit, sleep_unless, unless_set
+from schedlock.core.aio import Backoff, Companion, RateLimit, sleep_unless, unless_set, utcnow
 from schedlock.core.identities import Scheduler, is_cli_uid, schedule_uid_of
 from schedlock.core.logs import Event
 from schedlock.operator import mapping, reassert
@@ -200,10 +200,11 @@ class StatusSync:
 
     async def _active(self, held: HeldLock, stopping: asyncio.Event) -> None:
         ready = asyncio.Event()
-        listener = asyncio.create_task(
-            self.store.listen(Channel.OUTCOMES, self._on_outcomes, ready), name="sync-listen"
-        )
-        try:
+        async with Companion(
+            "sync-listen",
+            self.store.listen(Channel.OUTCOMES, self._on_outcomes, ready),
+            logger=log,
+        ) as listener:
             await sleep_unless(LISTEN_READY_SECONDS, ready)
             if not self._listing_awaited:
                 await sleep_unless(LISTING_WAIT_SECONDS, self.listed, stopping)
@@ -212,8 +213,7 @@ class StatusSync:
             next_sweep = 0.0
             loop = asyncio.get_running_loop()
             while not stopping.is_set():
-                if listener.done():
-                    listener.result()  # re-raise StoreError: reconnect everything
+                listener.check()  # re-raise StoreError: reconnect everything
                 if self._sweep_soon:
                     self._sweep_soon = False
                     next_sweep = min(next_sweep, self._swept_at + GARBLED_SWEEP_SECONDS)
@@ -227,9 +227,6 @@ class StatusSync:
                 if ids:
                     await self.sync_records(await self.store.publishes_by_id(sorted(ids)))
                 await sleep_unless(next_sweep - loop.time(), self._wake, stopping)
-        finally:
-            listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
 
     async def sweep(self) -> None:
         """Re-sync every row changed since the last sweep (or the cursor), then store where
@@ -331,7 +328,7 @@ class StatusSync:
             old = {**old, **written[1]}  # our last write, not on the watch yet
         else:
             self._written.pop(uid, None)  # the watch has shown it (or something newer)
-        now = datetime.now(UTC)
+        now = utcnow()
         if record.scheduler == Scheduler.RECURRING:
             schedule = await self.store.get_schedule(uid)
             if schedule is None:

@@ -27,11 +27,11 @@ import asyncio
 import hashlib
 import hmac
 import json
-import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from schedlock import __version__
+from schedlock.core.aio import utcnow
 from schedlock.core.httpio import (
     CannotConnect,
     CannotSend,
@@ -140,7 +140,7 @@ class Deliverer:
             "X-Schedlock-Attempt": str(row.attempt),
         }
         if self.signing_secret:
-            headers[SIGNATURE_HEADER] = sign(self.signing_secret, int(time.time()), body)
+            headers[SIGNATURE_HEADER] = sign(self.signing_secret, int(utcnow().timestamp()), body)
         try:
             async with asyncio.timeout(self.timeout_seconds):
                 answer = await self._client.request(

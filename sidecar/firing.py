@@ -23,10 +23,10 @@ import asyncio
 import logging
 import random
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
-from schedlock.core.aio import RateLimit, now, sleep_unless
+from schedlock.core.aio import Companion, RateLimit, TaskSet, now, sleep_unless
 from schedlock.core.identities import Scheduler, slot_uid
 from schedlock.core.logs import Event
 from schedlock.core.scheduling import (
@@ -105,11 +105,6 @@ class Firer:
         await _Term(self, leadership, stopping).run()
 
 
-def _retrieve(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
 @dataclass(eq=False)
 class _Term:
     """State of one leadership term: in-flight deliveries, pending outcomes, wake-ups."""
@@ -117,13 +112,14 @@ class _Term:
     firer: Firer
     leadership: Leadership
     stopping: asyncio.Event
-    inflight: set[asyncio.Task[None]] = field(default_factory=set)
     pending: list[Completion] = field(default_factory=list)
     flush: asyncio.Event = field(default_factory=asyncio.Event)
     flush_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a batch is never cut in half
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     slot_freed: asyncio.Event = field(default_factory=asyncio.Event)
-    clock_offset: timedelta = timedelta(0)  # database clock minus local clock, from the last claim
+    # The database clock at the last claim, and the loop's clock then: the database's time now
+    # is the one advanced by the other's since (no wall clock is read).
+    db_read: tuple[datetime, float] | None = None
 
     def __post_init__(self) -> None:
         self.opts = self.firer.options
@@ -131,6 +127,7 @@ class _Term:
         self.key = self.leadership.key
         self.term = self.leadership.term
         self.labels = (self.key.scheduler, self.key.namespace, self.key.target)
+        self.inflight = TaskSet(f"deliveries:{self.key}", on_done=self.slot_freed.set, logger=log)
 
     def _say(self, level: int, event: Event, **fields: object) -> None:
         """Log ``event`` of this term: its message (``SAID``), the key and ``fields``."""
@@ -142,30 +139,28 @@ class _Term:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        listener = asyncio.create_task(self._listen(), name=f"listen:{self.key}")
-        completer = asyncio.create_task(self._complete_loop(), name=f"complete:{self.key}")
-        for task in (listener, completer):
-            # If this term is cancelled mid-cleanup (the heartbeat lost the lease), an error of
-            # a helper task is already accounted for: never "exception was never retrieved".
-            task.add_done_callback(_retrieve)
-        # An outcome writer that failed (the term moved on, the schema changed) ends the term
-        # now, not at the loop's next wake-up a poll later.
-        completer.add_done_callback(lambda _task: self.wake.set())
         graceful = False
-        try:
-            # No waiting for the listener before the first claim: it wakes the loop once it
-            # listens, which re-claims and so covers anything that became due meanwhile.
-            await self._loop(completer)
-            graceful = True
-        finally:
-            listener.cancel()
-            await self._drain(graceful)
-            if graceful:
-                async with self.flush_lock:
-                    completer.cancel()
-            else:
-                completer.cancel()
-            await asyncio.gather(listener, completer, return_exceptions=True)
+        # An outcome writer that failed (the term moved on, the schema changed) ends the term
+        # now, not at the loop's next wake-up a poll later; the term's errors are the elector's
+        # to log (a companion's beside another is said in one line).
+        async with Companion(
+            f"complete:{self.key}",
+            self._complete_loop(),
+            on_done=self.wake.set,
+            expected=(StoreError,),
+            logger=log,
+        ) as completer:
+            try:
+                # No waiting for the listener before the first claim: it wakes the loop once
+                # it listens, which re-claims and so covers anything that became due meanwhile.
+                async with Companion(f"listen:{self.key}", self._listen(), logger=log):
+                    await self._loop(completer)
+                graceful = True
+            finally:
+                await self._drain(graceful)
+                if graceful:
+                    async with self.flush_lock:
+                        await completer.stop()
         if graceful:
             await self._flush_now()
 
@@ -175,20 +170,14 @@ class _Term:
         An abandoned row stays ``firing``; the next term adopts it and fires it again with the
         same idempotency key — the one case of at-least-once delivery.
         """
-        if graceful and self.inflight:
-            await asyncio.wait(set(self.inflight), timeout=self.opts.shutdown_grace_seconds)
-        for task in list(self.inflight):
-            task.cancel()
-        if self.inflight:
-            await asyncio.gather(*self.inflight, return_exceptions=True)
+        await self.inflight.drain(self.opts.shutdown_grace_seconds if graceful else 0.0)
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    async def _loop(self, completer: asyncio.Task[None]) -> None:
+    async def _loop(self, completer: Companion[None]) -> None:
         self._dispatch(await self.session.adopt_orphans(self.term))
         while not self.stopping.is_set():
-            if completer.done():
-                completer.result()  # re-raise LeadershipLost from the outcome writer
+            completer.check()  # re-raise LeadershipLost from the outcome writer
             if not self.leadership.lease_ok():
                 raise LeadershipLost("lease could not be confirmed: stepping down")
             wait = self.opts.poll_seconds
@@ -280,25 +269,16 @@ class _Term:
     # -- deliveries -------------------------------------------------------------------------------
 
     def _db_now(self) -> datetime:
-        return datetime.now(UTC) + self.clock_offset
+        """The database clock now: its reading at the last claim, plus the time since."""
+        assert self.db_read is not None, "rows are fired only once claimed"
+        db_now, at = self.db_read
+        return db_now + timedelta(seconds=now() - at)
 
     def _dispatch(self, rows: list[FireRow]) -> None:
         if rows:
-            self.clock_offset = rows[0].db_now - datetime.now(UTC)
+            self.db_read = (rows[0].db_now, now())
         for row in rows:
-            task = asyncio.create_task(self._fire(row), name=f"fire:{row.id}")
-            self.inflight.add(task)
-            task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self.inflight.discard(task)
-        self.slot_freed.set()
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "delivery task crashed",
-                exc_info=task.exception(),
-                extra={"event": Event.DELIVERY_CRASHED},
-            )
+            self.inflight.start(f"fire:{row.id}", self._fire(row))
 
     async def _fire(self, row: FireRow) -> None:
         """Deliver one row.  A row is the unit of failure: whatever goes wrong with this row

@@ -106,12 +106,11 @@ import enum
 import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from time import time as wall_time
 from typing import Any, Protocol
 
-from schedlock.core.aio import Backoff, Supervisor, now, sleep_unless, unless_set
+from schedlock.core.aio import Backoff, Supervisor, Toggle, now, sleep_unless, unless_set, utcnow
 from schedlock.core.identities import rfc3339_epoch
 from schedlock.core.logs import Event
 from schedlock.core.redact import printable
@@ -185,25 +184,21 @@ class Leadership:
     session: LockSession
     term: int
     step_down_after: float
-    last_heartbeat_ok: float  # clock() of the last successful heartbeat
-    clock: Callable[[], float] = now
+    last_heartbeat_ok: float  # the loop's clock (``now()``) at the last successful heartbeat
 
     def lease_ok(self) -> bool:
         """False once no heartbeat succeeded within lease minus margin (e.g. after a freeze)."""
-        return self.clock() - self.last_heartbeat_ok < self.step_down_after
+        return now() - self.last_heartbeat_ok < self.step_down_after
 
 
 LeaderWork = Callable[[Leadership, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 class AppPresence(Protocol):
-    """Whether this sidecar's own app can take fires (``schedlock.sidecar.target``).
+    """Whether this sidecar's own app can take fires (``schedlock.sidecar.target``): the
+    toggle's ``on`` event is set while it can, its ``off`` event while it cannot."""
 
-    Exactly one of the two events is set at any time.
-    """
-
-    reachable: asyncio.Event
-    unreachable: asyncio.Event
+    reachable: Toggle
     reason: str
 
 
@@ -212,7 +207,7 @@ class _Turns:
     """A reserve's last view of its roster, to place its next check (``schedlock.sidecar.reserve``)."""
 
     db_now: float  # database clock at the last roster read
-    at: float  # clock() of that read
+    at: float  # the loop's clock (``now()``) at that read
     rank: int
     reserves: int
 
@@ -228,8 +223,8 @@ class Elector:
     for each key it leads.  One session for every key: the replica waits for the target's
     leadership lock (``TargetLock``), then takes each key's own lock on the same session.
 
-    ``clock`` and ``sleep(seconds, *events)`` (wait that long unless one is set) are the
-    running loop's by default; a test passes fake ones, or runs on a virtual-time loop.
+    Its time is the running loop's (``schedlock.core.aio``): a test runs it on a virtual-time
+    loop (``testbed.virtual_time``).
     """
 
     store: Store
@@ -242,8 +237,6 @@ class Elector:
     standbys: int = 1
     reserve_check_seconds: float = 5.0
     rng: random.Random = field(default_factory=random.Random)
-    clock: Callable[[], float] = now
-    sleep: Callable[..., Awaitable[object]] = sleep_unless
     role: Role = field(default=Role.DISCONNECTED, init=False)
     last_error: str | None = field(default=None, init=False)  # why the last session ended
     last_summary: str | None = field(default=None, init=False)  # the same in words (/readyz)
@@ -282,23 +275,23 @@ class Elector:
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            if not self.app.reachable.is_set():
+            if not self.app.reachable.is_on():
                 # No session at all while the app is away: a waiter in pg_advisory_lock could
                 # be granted leadership it cannot use.
                 self._set_role(Role.WAITING_FOR_APP)
-                await sleep_unless(None, self.app.reachable, stopping)
+                await sleep_unless(None, self.app.reachable.on, stopping)
                 if stopping.is_set():
                     break
                 continue
             if self.next_check_at is not None:
                 # A reserve: no session until its turn (or its back-off after a refusal).
                 self._set_role(Role.RESERVE)
-                wait = self.next_check_at - self.clock()
+                wait = self.next_check_at - now()
                 if wait > 0:
-                    await self.sleep(wait, stopping, self.app.unreachable)
+                    await sleep_unless(wait, stopping, self.app.reachable.off)
                 if stopping.is_set():
                     break
-                if not self.app.reachable.is_set():
+                if not self.app.reachable.is_on():
                     continue
                 self.next_check_at = None
             session = self.store.lock_session(
@@ -326,7 +319,7 @@ class Elector:
                 if await unless_set(
                     session.acquire(functools.partial(self._heard_holder, self.lock)),
                     stopping,
-                    self.app.unreachable,
+                    self.app.reachable.off,
                     suppress=(StoreError,),
                 ):
                     self._heard_holder(self.lock, None, "granted")
@@ -358,22 +351,22 @@ class Elector:
                 break
             if not failed:
                 continue  # a reserve's turn, a refusal's back-off or the app went away
-            await self.sleep(self.reconnect.next(), stopping)
+            await sleep_unless(self.reconnect.next(), stopping)
 
     async def _enlist(self, session: LockSession) -> None:
         """Every standby place is taken: enlist in the roster, then hold no session until our
         turn.  Turns spread the reserves' checks to about one per interval per key."""
         roster = await session.reserve_roster()
-        self._turns = _Turns(roster.db_now, self.clock(), roster.rank, roster.reserves)
+        self._turns = _Turns(roster.db_now, now(), roster.rank, roster.reserves)
         wait = self._next_turn_in(self._turns)
         await session.enlist_reserve(wait, grace(self.reserve_check_seconds))
-        self.next_check_at = self.clock() + wait
+        self.next_check_at = now() + wait
         self._set_role(Role.RESERVE)
 
     def _next_turn_in(self, turns: _Turns) -> float:
         """Seconds to our next turn, the database clock advanced by the time since the read."""
         return next_check_in(
-            turns.db_now + (self.clock() - turns.at),
+            turns.db_now + (now() - turns.at),
             rank=turns.rank,
             reserves=turns.reserves,
             interval=self.reserve_check_seconds,
@@ -388,7 +381,7 @@ class Elector:
         if self._turns is not None:
             wait = max(wait, self._next_turn_in(self._turns))
         self.refused = str(exc)
-        self.next_check_at = self.clock() + wait
+        self.next_check_at = now() + wait
         self._set_role(Role.RESERVE)
         self._say(
             logging.WARNING, Event.CONNECTIONS_REFUSED, error=str(exc), retry_in_s=round(wait, 2)
@@ -434,7 +427,7 @@ class Elector:
                 why=why,
             )
             return
-        self.foreign[where] = (holder, wall_time())
+        self.foreign[where] = (holder, utcnow().timestamp())
         self._say(
             logging.ERROR, Event.LOCK_HELD_BY_FOREIGN_ROLE, where, role=holder.role, pid=holder.pid
         )
@@ -466,7 +459,7 @@ class Elector:
     async def _lead(self, session: LockSession, stopping: asyncio.Event) -> None:
         """Holding the target's leadership lock: take each key's own lock on this session and
         lead it (its term, its heartbeat, the work), until the term ends gracefully or fails."""
-        if self.app.unreachable.is_set():
+        if not self.app.reachable.is_on():
             # Granted just as the app went away: hand the lock on before starting a term.
             await session.release(None)
             self._handed_over(None)
@@ -477,14 +470,15 @@ class Elector:
         ending = asyncio.Event()
 
         async def end_term() -> None:
-            await sleep_unless(None, stopping, self.app.unreachable)
+            await sleep_unless(None, stopping, self.app.reachable.off)
             ending.set()
 
         # Every failure of a term is logged (a heartbeat's and a work's both); the first one
         # ends every key's term and reaches run(), which reconnects: the keys move together.
+        # The term's end and the heartbeats serve the works: companions, cancelled once the
+        # works have ended.
         async with Supervisor(f"term:{self.lock}", expected=RETRIED, logger=log) as term:
-            ender = term.start(f"term-end:{self.lock}", end_term())
-            beats: list[asyncio.Task[None]] = []
+            term.start(f"term-end:{self.lock}", end_term(), companion=True)
             works: list[asyncio.Task[None]] = []
             pending = list(self.keys)
             while pending and not ending.is_set():
@@ -494,14 +488,12 @@ class Elector:
                         continue  # held by another session: tried again below
                     pending.remove(key)
                     leadership = await self._begin(key, keyed)
-                    beats.append(term.start(f"heartbeat:{key}", self._heartbeat(leadership)))
+                    term.start(f"heartbeat:{key}", self._heartbeat(leadership), companion=True)
                     works.append(term.start(f"work:{key}", self.work(leadership, ending)))
                 if pending:
-                    await self.sleep(KEY_RETRY_SECONDS, ending)
+                    await sleep_unless(KEY_RETRY_SECONDS, ending)
             if works:
                 await asyncio.wait(works)
-            for task in (*beats, ender):
-                task.cancel()
         # Reached only on a graceful end: the work finished or abandoned its in-flight rows.
         terms = list(self.leading.values())
         for leadership in terms:

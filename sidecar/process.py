@@ -150,13 +150,14 @@ class Sidecar:
             },
         )
         # The app check runs from the start (the electors wait on it) under its own group: a
-        # check that dies of a bug is restarted with back-off and /readyz says so meanwhile.
-        # An error that ends the process is raised once everything is closed, not through it.
+        # check that dies of a bug is restarted with back-off and /readyz says so meanwhile;
+        # it serves the block's body (a companion), so it ends with it.  An error that ends the
+        # process is raised once everything is closed, not through it.
         ending: CommandError | None = None
         try:
             async with Supervisor("checks", stopping=self.stopping, logger=log) as checks:
                 self.checks = checks
-                checking = checks.supervise("target-check", self._check_app, restart_backoff())
+                checks.supervise("target-check", self._check_app, restart_backoff(), companion=True)
                 try:
                     usable = await wait_for_schema(
                         self.store,
@@ -174,8 +175,6 @@ class Sidecar:
                     ending = _ending("may not serve this namespace, exiting", exc, EXIT_BAD_SETTING)
                 except FATAL as exc:
                     ending = _ending("cannot run safely, exiting", exc, EXIT_FAILED)
-                finally:
-                    checking.cancel()
         finally:
             await server.close()
             await self.store.close()

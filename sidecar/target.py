@@ -41,7 +41,8 @@ Invariants:
   that check fails too, the app is unreachable at once — no threshold — and the row's attempt
   is not counted.  When the check passes, the app is there and the failure is an ordinary
   retryable attempt, so a live app that resets one request cannot make a row retry forever.
-* Exactly one of :attr:`TargetWatch.reachable` and :attr:`TargetWatch.unreachable` is set.
+* :attr:`TargetWatch.reachable` is a toggle: its ``on`` event is set while the app is
+  reachable, its ``off`` event while it is not, never both.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from schedlock import __version__
-from schedlock.core.aio import sleep_unless
+from schedlock.core.aio import SingleFlight, Toggle, sleep_unless
 from schedlock.core.httpio import HttpClient, HttpFailure, os_reason
 from schedlock.core.logs import Event
 from schedlock.sidecar.metrics import SidecarMetrics
@@ -208,15 +209,15 @@ class TargetWatch:
     metrics: SidecarMetrics
     health: Health = field(default_factory=Health, init=False)
     reason: str = field(default="not checked yet", init=False)  # why unreachable (for /readyz)
-    reachable: asyncio.Event = field(default_factory=asyncio.Event, init=False)
-    unreachable: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    reachable: Toggle = field(default_factory=Toggle, init=False)  # starts off
     _announced: bool = field(default=False, init=False)  # the current outage was logged
     _ever_reachable: bool = field(default=False, init=False)  # since the watch started
-    _confirming: asyncio.Future[bool] | None = field(default=None, init=False)
+    _confirming: SingleFlight[bool] = field(
+        default_factory=lambda: SingleFlight("confirm-app"), init=False
+    )
     _client: HttpClient | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.unreachable.set()
         self.metrics.target_up.set(0)
 
     @property
@@ -264,18 +265,13 @@ class TargetWatch:
         """
         if not self.up:
             return False
-        if self._confirming is None:
-            self._confirming = asyncio.ensure_future(self._confirm_once(failure))
-        return await asyncio.shield(self._confirming)
+        return await self._confirming(lambda: self._confirm_once(failure))
 
     async def _confirm_once(self, failure: str) -> bool:
-        try:
-            error = await self._probe()
-            if error is not None:
-                self._apply(self.health.lost_connection(), f"{failure}; {error}")
-            return error is None
-        finally:
-            self._confirming = None
+        error = await self._probe()
+        if error is not None:
+            self._apply(self.health.lost_connection(), f"{failure}; {error}")
+        return error is None
 
     async def _probe(self) -> str | None:
         try:
@@ -294,8 +290,7 @@ class TargetWatch:
             self.reason = error
         if health.reachable and not before:
             self._ever_reachable = True
-            self.unreachable.clear()
-            self.reachable.set()
+            self.reachable.turn(True)
             self.metrics.target_up.set(1)
             self._announced = False
             log.info(
@@ -304,8 +299,7 @@ class TargetWatch:
             )
         elif not health.reachable and (before or (error is not None and not self._announced)):
             # Said once per outage: on the way down, or at the first failed check at start.
-            self.reachable.clear()
-            self.unreachable.set()
+            self.reachable.turn(False)
             self.metrics.target_up.set(0)
             self._announced = True
             log.log(

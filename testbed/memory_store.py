@@ -37,7 +37,7 @@ from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
-from schedlock.core.aio import now
+from schedlock.core.aio import Toggle, now
 from schedlock.core.scheduling import AttemptResult
 from schedlock.sidecar.delivery import Delivery
 from schedlock.sidecar.firing import AppCheck, Deliveries
@@ -543,8 +543,7 @@ class MemoryApp:
     takes: float = 0.0
     status: int = 200
     reason: str = "connection refused"
-    reachable: asyncio.Event = field(default_factory=asyncio.Event)
-    unreachable: asyncio.Event = field(default_factory=asyncio.Event)
+    reachable: Toggle = field(default_factory=Toggle)
     started: list[tuple[float, int]] = field(default_factory=list)  # (when, row id)
     inflight: int = 0
     most_inflight: int = 0
@@ -553,12 +552,11 @@ class MemoryApp:
         self.set(present)
 
     def set(self, up: bool) -> None:
-        (self.reachable if up else self.unreachable).set()
-        (self.unreachable if up else self.reachable).clear()
+        self.reachable.turn(up)
 
     @property
     def up(self) -> bool:
-        return self.reachable.is_set()
+        return self.reachable.is_on()
 
     def worth_confirming(self, *, connection_lost: bool, status: int | None) -> bool:
         return False

@@ -7,6 +7,10 @@ which the elector and the kit read) says exactly how much virtual time went by. 
 code that does no real I/O: a loop that would block with no timer pending raises instead of
 hanging the test.
 
+The loop keeps a wall clock too (``wall_time()``, which ``schedlock.core.aio.utcnow`` reads):
+the real time when the loop was made, moved on by the virtual time since, so a product's
+timestamps (a status's ``lastTransitionTime``, a row's deadline) follow the same clock.
+
 ``run(main())`` runs a coroutine on a fresh virtual-time loop, starting at ``START``;
 ``await quiet()`` returns once nothing more can run at this instant (the clock stands still).
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import selectors
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -55,11 +60,16 @@ class _Selector(selectors.DefaultSelector):
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self.now = START
+        self.wall_start = time.time()
         self.quiet_waiters: list[asyncio.Future[None]] = []
         super().__init__(_Selector(self))
 
     def time(self) -> float:
         return self.now
+
+    def wall_time(self) -> float:
+        """Unix seconds: the wall clock at the loop's making, moved on by its virtual time."""
+        return self.wall_start + (self.now - START)
 
     def _run_once(self) -> None:
         # The loop runs timers due within its clock's resolution early; on a clock that only

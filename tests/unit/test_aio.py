@@ -3,13 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import logging
+import pkgutil
 import random
+import re
+from collections.abc import Coroutine
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from schedlock.core.aio import Backoff, RateLimit, Supervisor, now, sleep_unless, unless_set
+import schedlock
+from schedlock.core import aio
+from schedlock.core.aio import (
+    Backoff,
+    Companion,
+    RateLimit,
+    SingleFlight,
+    Supervisor,
+    TaskSet,
+    TaskSlot,
+    Toggle,
+    now,
+    sleep_unless,
+    unless_set,
+    utcnow,
+)
 from testbed.virtual_time import run
 
 
@@ -260,3 +282,288 @@ def test_a_rate_limit_says_yes_once_per_interval() -> None:
     assert [limit.ready(t) for t in (0, 1, 59.9, 60, 61, 200)] == [
         True, False, False, True, False, True,
     ]  # fmt: skip
+
+
+def failures(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    """The ``task_failed`` records: (task, error)."""
+    return [(r.task, r.error) for r in caplog.records if r.event == "task_failed"]  # type: ignore[attr-defined]
+
+
+async def until_cancelled(seen: list[tuple[str, float]]) -> None:
+    """Run until cancelled, noting in ``seen`` when it started and when it ended."""
+    seen.append(("start", now()))
+    try:
+        await asyncio.sleep(1000)
+    finally:
+        seen.append(("end", now()))
+
+
+def test_a_supervisors_companion_is_cancelled_when_the_body_ends() -> None:
+    beats: list[tuple[str, float]] = []
+    checks: list[tuple[str, float]] = []
+
+    async def body() -> None:
+        t0 = now()
+        async with Supervisor("term") as group:
+            group.start("heartbeat", until_cancelled(beats), companion=True)
+            group.supervise("check", lambda: until_cancelled(checks), Backoff(1, 2), companion=True)
+            await asyncio.sleep(3)
+        assert now() - t0 == 3, "the body's end ends its companions: the block does not wait"
+        assert beats == checks == [("start", t0), ("end", t0 + 3)]
+
+    run(body())
+
+
+def test_a_companion_runs_beside_its_block_and_never_outlives_it() -> None:
+    events: list[tuple[str, float]] = []
+
+    async def body() -> None:
+        t0 = now()
+        async with Companion("listen", until_cancelled(events)) as listener:
+            await asyncio.sleep(2)
+            assert not listener.done()
+            listener.check()  # running: nothing to raise
+        assert events == [("start", t0), ("end", t0 + 2)]
+        assert listener.task.cancelled()
+
+    run(body())
+
+
+def test_a_companions_failure_wakes_the_block_and_is_raised_there() -> None:
+    async def fails_in(seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        raise LookupError("the term moved on")
+
+    async def noticed(wake: asyncio.Event) -> None:
+        async with Companion("complete", fails_in(3), on_done=wake.set) as completer:
+            assert await sleep_unless(60, wake) is True
+            assert now() == 1003, "woken the moment it failed"
+            completer.check()
+
+    async def not_noticed() -> None:
+        async with Companion("complete", fails_in(1)):
+            await asyncio.sleep(5)
+
+    async def body() -> None:
+        with pytest.raises(LookupError, match="moved on"):
+            await noticed(asyncio.Event())
+        # Not noticed in the block: raised at its exit all the same.
+        with pytest.raises(LookupError):
+            await not_noticed()
+
+    run(body())
+
+
+def test_a_companions_failure_beside_the_blocks_own_is_logged_not_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="schedlock.aio")
+
+    async def fails() -> None:
+        raise LookupError("listener broke")
+
+    async def block() -> None:
+        async with Companion("listen", fails()):
+            await asyncio.sleep(1)
+            raise ValueError("the block's own error")
+
+    async def body() -> None:
+        with pytest.raises(ValueError, match="the block's"):
+            await block()
+
+    run(body())
+    assert failures(caplog) == [("listen", "LookupError: listener broke")]
+
+
+def test_a_companion_stopped_early_is_cancelled_there() -> None:
+    async def body() -> None:
+        async with Companion("complete", asyncio.sleep(100)) as completer:
+            await asyncio.sleep(1)
+            await completer.stop()
+            assert completer.task.cancelled()
+            t1 = now()
+            await asyncio.sleep(1)
+        assert now() - t1 == 1
+
+    run(body())
+
+
+def test_a_task_set_drains_within_the_grace_and_cancels_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="schedlock.aio")
+    ended: dict[str, tuple[str, float]] = {}
+
+    async def work(name: str, seconds: float) -> None:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            ended[name] = ("cancelled", now())
+            raise
+        if name == "bad":
+            raise RuntimeError("a bug")
+        ended[name] = ("done", now())
+
+    async def body() -> None:
+        freed: list[float] = []
+        tasks = TaskSet("deliveries", on_done=lambda: freed.append(now()))
+        t0 = now()
+        for name, seconds in (("quick", 2), ("bad", 1), ("slow", 60)):
+            tasks.start(f"fire:{name}", work(name, seconds))
+        assert len(tasks) == 3
+        await asyncio.sleep(1.5)
+        assert len(tasks) == 2 and freed == [t0 + 1], "a slot is freed as a task ends"
+        await tasks.drain(5)
+        assert now() - t0 == 6.5, "the grace, not a second more"
+        assert ended == {"quick": ("done", t0 + 2), "slow": ("cancelled", t0 + 6.5)}
+        assert len(tasks) == 0
+        again = tasks.start("fire:again", work("again", 10))
+        await asyncio.sleep(1)
+        await tasks.drain()
+        assert ended["again"] == ("cancelled", t0 + 7.5), "no grace: cancelled at once"
+        assert again.cancelled() and len(tasks) == 0
+
+    run(body())
+    assert failures(caplog) == [("fire:bad", "RuntimeError: a bug")]
+
+
+def test_a_task_slot_holds_one_task_stopped_and_started_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="schedlock.aio")
+    runs: list[tuple[str, float]] = []
+
+    def pump() -> Coroutine[Any, Any, None]:
+        return until_cancelled(runs)
+
+    async def broken_pump() -> None:
+        raise KeyError("a listener's bug")
+
+    async def body() -> None:
+        slot = TaskSlot("notifies:demo")
+        t0 = now()
+        slot.start(pump)
+        slot.start(pump)  # one runs already: no second
+        await asyncio.sleep(1)
+        assert slot.running()
+        await slot.stop()
+        assert not slot.running() and runs == [("start", t0), ("end", t0 + 1)]
+        slot.start(pump)
+        await asyncio.sleep(1)
+        await slot.stop()
+        assert runs[2:] == [("start", t0 + 1), ("end", t0 + 2)]
+        await slot.stop()  # empty: nothing to do
+        slot.start(broken_pump)
+        await asyncio.sleep(0)
+        assert not slot.running()
+        slot.start(pump)  # the slot's task ended (failed): a new one starts
+        assert slot.running()
+        await slot.stop()
+
+    run(body())
+    assert failures(caplog) == [("notifies:demo", 'KeyError: "a listener\'s bug"')]
+
+
+def test_a_single_flight_shares_one_run_among_concurrent_callers() -> None:
+    runs: list[float] = []
+
+    async def check() -> float:
+        runs.append(now())
+        await asyncio.sleep(2)
+        return now()
+
+    async def body() -> None:
+        flight: SingleFlight[float] = SingleFlight("confirm")
+        t0 = now()
+        first = asyncio.gather(*(flight(check) for _ in range(5)))
+        await asyncio.sleep(1)
+        late = await flight(check)  # joins the run under way
+        assert await first == [t0 + 2] * 5 and late == t0 + 2
+        assert runs == [t0], "one run for all six callers"
+        assert await flight(check) == t0 + 4, "the run ended: the next call runs again"
+        assert runs == [t0, t0 + 2]
+
+    run(body())
+
+
+def test_a_single_flight_outlives_a_cancelled_caller_and_shares_its_error() -> None:
+    async def fails() -> None:
+        await asyncio.sleep(2)
+        raise ConnectionError("refused")
+
+    async def body() -> None:
+        flight: SingleFlight[None] = SingleFlight("confirm")
+        impatient = asyncio.ensure_future(flight(fails))
+        await asyncio.sleep(1)
+        impatient.cancel()
+        with pytest.raises(ConnectionError):
+            await flight(fails)  # still the first run: it was not cancelled with its caller
+        assert now() == pytest.approx(1002)
+        with pytest.raises(asyncio.CancelledError):
+            await impatient
+
+    run(body())
+
+
+def test_a_toggle_has_exactly_one_of_its_events_set() -> None:
+    async def body() -> None:
+        toggle = Toggle()
+        assert not toggle.is_on() and toggle.off.is_set() and not toggle.on.is_set()
+        asyncio.get_running_loop().call_later(3, toggle.turn, True)
+        t0 = now()
+        assert await sleep_unless(None, toggle.on) is True and now() - t0 == 3
+        assert toggle.is_on() and not toggle.off.is_set()
+        assert toggle.turn(True) is False, "already on"
+        assert toggle.turn(False) is True
+        assert toggle.off.is_set() and not toggle.on.is_set()
+        assert Toggle(on=True).is_on()
+
+    run(body())
+
+
+def test_utcnow_is_the_system_clock_or_the_virtual_loops() -> None:
+    before = datetime.now(UTC)
+    assert before <= utcnow() <= datetime.now(UTC), "no loop: the system's clock"
+
+    async def body() -> None:
+        t0, wall0 = now(), utcnow()
+        await asyncio.sleep(3600)
+        assert utcnow() - wall0 == timedelta(seconds=now() - t0) == timedelta(hours=1)
+
+    run(body())
+
+    async def real() -> tuple[datetime, datetime, datetime]:
+        return datetime.now(UTC), utcnow(), datetime.now(UTC)
+
+    low, read, high = asyncio.run(real())
+    assert low <= read <= high, "a real loop: the system's clock, read afresh"
+
+
+def product_sources() -> dict[str, str]:
+    """Every module of the product by its import name, wherever its file lies."""
+    found: dict[str, str] = {}
+    for module in pkgutil.walk_packages(schedlock.__path__, "schedlock."):
+        spec = importlib.util.find_spec(module.name)
+        assert spec is not None and spec.origin is not None, module.name
+        found[module.name] = Path(spec.origin).read_text()
+    return found
+
+
+def test_only_the_kit_starts_tasks() -> None:
+    """One lifecycle: start, failure and stop of every task are written in the kit."""
+    sources = product_sources()
+    assert "schedlock.sidecar.firing" in sources and "schedlock.operator.sync" in sources
+    starting = re.compile(r"\b(create_task|ensure_future)\(")
+    assert [name for name, text in sources.items() if starting.search(text)] == [aio.__name__]
+
+
+def test_the_loops_read_no_clock_but_the_kits() -> None:
+    """One clock: the sidecar and the operator take time from ``now()`` and ``utcnow()`` (the
+    stores' own clocks stand for the database's)."""
+    reading = re.compile(r"\b(datetime\.now|datetime\.utcnow|time\.time|time\.monotonic)\(")
+    found = [
+        name
+        for name, text in product_sources().items()
+        if name.startswith(("schedlock.sidecar.", "schedlock.operator.")) and reading.search(text)
+    ]
+    assert found == []

@@ -18,6 +18,7 @@ from aiohttp import web
 from schedlock.core.httpio import BadAnswer, CannotConnect, Disconnected, HttpClient, TlsFailed
 from schedlock.core.settings import SettingError, build, check_url
 from schedlock.core.timings import LeaseTimings
+from schedlock.sidecar import target
 from schedlock.sidecar.delivery import Deliverer, lost_connection
 from schedlock.sidecar.lock import Elector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
@@ -338,8 +339,7 @@ def reachable_watch_of_a_closed_port() -> TargetWatch:
     """A watch that last saw the app reachable; the app has gone since (its port is closed)."""
     watch = watch_for(free_port(), SidecarMetrics())
     watch.health = Health(reachable=True)
-    watch.reachable.set()
-    watch.unreachable.clear()
+    watch.reachable.turn(True)
     return watch
 
 
@@ -353,16 +353,16 @@ async def test_the_watch_follows_the_app_and_says_so(caplog: pytest.LogCaptureFi
     stopping = asyncio.Event()
     async with http_app(200) as port:
         watch = watch_for(port, metrics)
-        assert watch.unreachable.is_set() and not watch.reachable.is_set()
+        assert watch.reachable.off.is_set() and not watch.reachable.on.is_set()
         assert gauge(metrics) == 0
         task = asyncio.create_task(watch.run(stopping))
-        await wait_set(watch.reachable)
-        assert not watch.unreachable.is_set() and gauge(metrics) == 1
+        await wait_set(watch.reachable.on)
+        assert not watch.reachable.off.is_set() and gauge(metrics) == 1
         assert await watch.confirm(), "the app is there: a lost delivery is an attempt"
     # The app is gone now (its port closed).
     try:
-        await wait_set(watch.unreachable)
-        assert not watch.reachable.is_set() and gauge(metrics) == 0
+        await wait_set(watch.reachable.off)
+        assert not watch.reachable.on.is_set() and gauge(metrics) == 0
         assert "127.0.0.1" in watch.reason
         assert not await watch.confirm()
     finally:
@@ -372,11 +372,21 @@ async def test_the_watch_follows_the_app_and_says_so(caplog: pytest.LogCaptureFi
     assert events == ["target_reachable", "target_unreachable"]
 
 
-async def test_confirm_makes_the_app_unreachable_at_once_and_is_shared() -> None:
+async def test_confirm_makes_the_app_unreachable_at_once_and_is_shared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     watch = reachable_watch_of_a_closed_port()
+    checks: list[Check] = []
+
+    async def counted(check: Check, seconds: float, client: HttpClient | None) -> str | None:
+        checks.append(check)
+        return await probe(check, seconds, client)
+
+    monkeypatch.setattr(target, "probe", counted)
     results = await asyncio.gather(*(watch.confirm() for _ in range(5)))
     assert results == [False] * 5
-    assert watch.unreachable.is_set() and not watch.up
+    assert len(checks) == 1, "five failed deliveries at once: one check, shared"
+    assert watch.reachable.off.is_set() and not watch.up
     assert "delivery lost its connection" in watch.reason
 
 
@@ -406,7 +416,7 @@ def test_which_failed_deliveries_are_worth_confirming(
 async def test_a_503_confirmed_by_a_failing_readiness_endpoint_is_unreachable_at_once() -> None:
     watch = reachable_watch_of_a_closed_port()
     assert not await watch.confirm("delivery failed: HTTP 503 from app")
-    assert watch.unreachable.is_set() and not watch.up
+    assert watch.reachable.off.is_set() and not watch.up
     assert watch.reason.startswith("delivery failed: HTTP 503 from app; ")
 
 

@@ -220,6 +220,22 @@ async def test_sessions_are_bounded_by_one_plus_standbys(fleet: Fleet) -> None:
 
 
 @on_virtual_time
+async def test_a_reserve_whose_app_goes_away_stops_waiting_for_its_turn_at_once(
+    fleet: Fleet,
+) -> None:
+    await start_many(fleet, 5)
+    reserve = fleet.with_role(Role.RESERVE)[0]
+    app = reserve.elector.app
+    assert isinstance(app, MemoryApp)
+    app.set(False)
+    await quiet()
+    assert reserve.role is Role.WAITING_FOR_APP, "not a turn later"
+    app.set(True)
+    await quiet()
+    assert reserve.role is not Role.WAITING_FOR_APP
+
+
+@on_virtual_time
 async def test_reserves_together_check_about_once_per_interval(fleet: Fleet) -> None:
     await start_many(fleet, 20, settled=False)
     first = fleet.db.connects

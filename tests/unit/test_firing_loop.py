@@ -10,6 +10,7 @@ and a real HTTP app; these pin the loop's decisions and timings exactly, in mill
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -20,8 +21,8 @@ from schedlock.sidecar.delivery import BodyError, Delivery
 from schedlock.sidecar.firing import Firer, FiringOptions
 from schedlock.sidecar.lock import Leadership
 from schedlock.sidecar.metrics import SidecarMetrics
-from schedlock.store import Channel, FireRow, LeadershipLost
-from testbed.memory_store import KEY, MemoryApp, MemoryStore
+from schedlock.store import Channel, Completion, FireRow, LeadershipLost
+from testbed.memory_store import KEY, MemoryApp, MemorySession, MemoryStore
 from testbed.virtual_time import quiet, run
 
 STEP_DOWN = 8.0
@@ -72,15 +73,17 @@ def start(
     poll: float = 60.0,
     grace: float = 10.0,
     beating: bool = True,
+    session: MemorySession | None = None,
 ) -> Term:
-    """A term of the loop; ``beating``: with the elector's heartbeats confirming the lease."""
+    """A term of the loop; ``beating``: with the elector's heartbeats confirming the lease;
+    ``session``: the key's lock session (by default a new one of ``rows``)."""
     options = FiringOptions(
         batch_size=10, concurrency=concurrency, poll_seconds=poll, shutdown_grace_seconds=grace
     )
     firer = Firer(app, SidecarMetrics(), options, app=app)
     leadership = Leadership(
         key=KEY,
-        session=rows.lock_session(KEY, "me", STEP_DOWN + 2),
+        session=session or rows.lock_session(KEY, "me", STEP_DOWN + 2),
         term=3,
         step_down_after=STEP_DOWN,
         last_heartbeat_ok=now(),
@@ -166,6 +169,46 @@ def test_without_heartbeats_the_loop_steps_down_and_sends_nothing() -> None:
             await asyncio.wait_for(term.task, 60)
         assert now() - t0 == pytest.approx(10), "found at the next wake-up (the row's timer)"
         assert app.started == [] and rows.completed == [], "the row stays for the next term"
+
+    run(body())
+
+
+@dataclass(eq=False)
+class OutcomesRefused(MemorySession):
+    """A session whose outcome writes fail: the term moved on under it."""
+
+    async def complete(self, term: int, completions: Sequence[Completion]) -> int:
+        raise LeadershipLost(f"term {term} is over: outcomes refused")
+
+
+def test_a_failed_outcome_write_ends_the_term_at_once() -> None:
+    async def body() -> None:
+        rows, app = MemoryStore(), MemoryApp(takes=1)
+        t0 = now()
+        rows.add_due(row(1))
+        term = start(rows, app, poll=600, session=OutcomesRefused(rows, KEY, "me"))
+        with pytest.raises(LeadershipLost, match="outcomes refused"):
+            await asyncio.wait_for(term.task, 700)
+        assert now() - t0 == 1, "as the write failed, not at the next poll"
+        assert term.beating is not None
+        term.beating.cancel()
+
+    run(body())
+
+
+def test_a_retry_is_due_on_the_database_clock_moved_on_by_the_delivery() -> None:
+    async def body() -> None:
+        rows, app = MemoryStore(), MemoryApp(takes=10, status=503)
+        claimed = row(1)
+        rows.add_due(claimed)
+        term = start(rows, app)
+        await asyncio.sleep(11)
+        [(_, retry)] = rows.completed
+        assert retry.outcome == "retry" and retry.next_attempt_at is not None
+        # answered 10 s after the claim, retried 0.5-1 s (the back-off of 1 s) after that
+        waited = (retry.next_attempt_at - claimed.db_now).total_seconds()
+        assert 10.5 <= waited <= 11, waited
+        await term.stop()
 
     run(body())
 

@@ -1,5 +1,6 @@
 """The sidecar's app check runs under a supervisor (issue 21): a check that dies of an error it
-does not handle is restarted with back-off, and ``/readyz`` names it while it is down."""
+does not handle is restarted with back-off, and ``/readyz`` names it while it is down; it ends
+with the sidecar's run, also when that ends on an error with no stop signal."""
 
 from __future__ import annotations
 
@@ -8,9 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from schedlock.core.settings import EXIT_FAILED, CommandError
+from schedlock.sidecar import process
 from schedlock.sidecar.process import Sidecar
 from schedlock.sidecar.settings import SidecarSettings
 from schedlock.sidecar.target import TargetWatch
+from schedlock.store import Store, UnsafeConnection
+
+
+def settings_for(tmp_path: Path) -> SidecarSettings:
+    return SidecarSettings(
+        database_url=f"sqlite:///{tmp_path / 'dev.db'}",
+        target="demo",
+        http_host="127.0.0.1",
+        http_port=0,
+        target_url="http://127.0.0.1:9/hook",  # nothing listens: the app stays unreachable
+    )
 
 
 async def test_a_dead_app_check_is_restarted_and_readyz_says_so_meanwhile(
@@ -29,14 +43,7 @@ async def test_a_dead_app_check_is_restarted_and_readyz_says_so_meanwhile(
         await real_run(self, stopping)
 
     monkeypatch.setattr(TargetWatch, "run", crashing_once)
-    settings = SidecarSettings(
-        database_url=f"sqlite:///{tmp_path / 'dev.db'}",
-        target="demo",
-        http_host="127.0.0.1",
-        http_port=0,
-        target_url="http://127.0.0.1:9/hook",  # nothing listens: the app stays unreachable
-    )
-    sidecar = Sidecar(settings)
+    sidecar = Sidecar(settings_for(tmp_path))
     running = asyncio.create_task(sidecar.run(), name="sidecar")
     said: list[str] = []
     try:
@@ -55,3 +62,18 @@ async def test_a_dead_app_check_is_restarted_and_readyz_says_so_meanwhile(
     ), down[0]
     assert runs == 2, "restarted once, then kept running"
     assert not running.cancelled()
+
+
+async def test_a_fatal_error_ends_the_run_and_its_app_check_without_a_stop_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def unsafe(store: Store, **_: object) -> bool:
+        await asyncio.sleep(0.05)  # the app check is running by now
+        raise UnsafeConnection("a pooler in transaction mode")
+
+    monkeypatch.setattr(process, "wait_for_schema", unsafe)
+    sidecar = Sidecar(settings_for(tmp_path))
+    with pytest.raises(CommandError, match="pooler") as raised:
+        await asyncio.wait_for(sidecar.run(), 5)
+    assert raised.value.code == EXIT_FAILED
+    assert not sidecar.stopping.is_set(), "ended by the error, not by a stop"

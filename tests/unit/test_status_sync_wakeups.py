@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from asyncio import Event
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,9 +23,9 @@ from schedlock.operator.sync import (
     SYNC_CURSOR,
     StatusSync,
 )
-from schedlock.store import SYNC_LOCK_OBJID, Channel
+from schedlock.store import SYNC_LOCK_OBJID, Channel, StoreUnavailable
 from schedlock.store.verbs import SWEEP_OVERLAP
-from testbed.memory_store import MemoryStore
+from testbed.memory_store import MemoryStore, OnPayload
 from testbed.virtual_time import START, run
 
 SWEEP = 30.0
@@ -133,6 +135,30 @@ def test_a_lost_session_is_retried_after_a_backoff() -> None:
             # The kit's back-off: 1 s with jitter in [0.5, 1.5), then a new session.
             assert 0.5 <= sweeps(store)[1] - lost_at < 1.5
             assert store.held[0].closed
+
+    run(body())
+
+
+@dataclass
+class ListenerDies(MemoryStore):
+    """A store whose listening session ends 5 s after it listens."""
+
+    async def listen(self, channel: str, on_payload: OnPayload, ready: Event | None = None) -> None:
+        if ready is not None:
+            ready.set()
+        await asyncio.sleep(5)
+        raise StoreUnavailable("the listening session ended")
+
+
+def test_a_dead_listener_is_noticed_and_the_sync_starts_over() -> None:
+    async def body() -> None:
+        store, stopping = ListenerDies(db_clock=lambda: db_time(now())), asyncio.Event()
+        _, task = start(store, stopping)
+        await until(lambda: len(store.held) == 2)
+        assert store.held[0].closed, "the session given up: a new one for a new listener"
+        assert sweeps(store)[1] - sweeps(store)[0] < SWEEP + 2, "at the next wake-up"
+        stopping.set()
+        await asyncio.wait_for(task, 5)
 
     run(body())
 

@@ -1,8 +1,11 @@
-"""The async kit: waiting unless stopping, one back-off policy, a supervised group of tasks.
+"""The async kit: the clocks, waiting unless stopping, one back-off policy, every task's lifecycle.
 
 Every loop of the sidecar and the operator is written with these, so a wait, a retry or a
-shutdown behaves the same everywhere (kopf's ``aiokits`` are the model):
+shutdown behaves the same everywhere (kopf's ``aiokits`` are the model).  No task of the
+product is started anywhere else: start, failure and a bounded stop are written here once.
 
+- :func:`now` and :func:`utcnow` — the one monotonic clock (the running loop's) and the one
+  wall clock; a test's virtual-time loop moves both;
 - :func:`sleep_unless` — wait so long, or until an event is set (the loops' "sleep or stop");
 - :func:`unless_set` — await a call unless an event is set first (then cancel it);
 - :class:`Backoff` — the one retry policy: doubling from ``first`` to ``cap``, with jitter;
@@ -11,8 +14,18 @@ shutdown behaves the same everywhere (kopf's ``aiokits`` are the model):
   *every* failure of the group is logged with its task's name, and a stop is staged: the
   tasks get ``stop_timeout`` seconds to end on their own, then whatever is left is cancelled.
   A task started with :meth:`Supervisor.supervise` is restarted instead (the one back-off
-  between runs), and the group says which tasks are down meanwhile (``/readyz``).
+  between runs), and the group says which tasks are down meanwhile (``/readyz``); a
+  *companion* task of the group is cancelled once the group's body ends;
+- :class:`Companion` — one task beside a block (a listener, an outcome writer): cancelled and
+  awaited at the block's exit, its failure raised in the block (:meth:`Companion.check`) or at
+  its exit;
+- :class:`TaskSet` — tasks of like work in flight (deliveries), drained within a grace;
+- :class:`TaskSlot` — at most one task of a kind, stopped and started again at will (a pump
+  paused around each statement);
+- :class:`SingleFlight` — concurrent callers share one run of a call;
+- :class:`Toggle` — two events of which exactly one is set (a state both sides wait for).
 
+A task's outcome is always retrieved, so an error is never "exception was never retrieved".
 All waits go through the running loop's clock, so a test on a virtual-time loop runs them in
 no time at all.
 """
@@ -25,8 +38,9 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from schedlock.core.logs import Event
 
@@ -38,6 +52,20 @@ log = logging.getLogger("schedlock.aio")
 def now() -> float:
     """The running loop's clock (monotonic seconds; virtual on a test's virtual-time loop)."""
     return asyncio.get_running_loop().time()
+
+
+def utcnow() -> datetime:
+    """The wall clock, in UTC: the system's (``datetime.now(UTC)``, read afresh each time, so it
+    never drifts from it) — unless the running loop keeps a wall clock of its own, a
+    ``wall_time()`` method in Unix seconds (a test's virtual-time loop, which moves it with its
+    virtual time: ``testbed.virtual_time``)."""
+    try:
+        wall = getattr(asyncio.get_running_loop(), "wall_time", None)
+    except RuntimeError:  # no loop running (a command's plain code): the system's clock
+        wall = None
+    if wall is None:
+        return datetime.now(UTC)
+    return datetime.fromtimestamp(cast(Callable[[], float], wall)(), UTC)
 
 
 async def sleep_unless(seconds: float | None, *events: asyncio.Event) -> bool:
@@ -180,6 +208,8 @@ class Supervisor:
     - A task given to :meth:`supervise` is not a failure of the group when it raises: it is
       logged (``task_failed``, with the delay) and run again after its back-off; meanwhile it
       is in :attr:`down`, and :meth:`health` says so in words.
+    - A ``companion`` task serves the body (a check, a heartbeat): it is cancelled once the
+      body ends, instead of the block waiting for it.
     """
 
     name: str
@@ -192,10 +222,15 @@ class Supervisor:
     down: dict[str, Down] = field(default_factory=dict, init=False)
     _group: asyncio.TaskGroup = field(default_factory=asyncio.TaskGroup, init=False)
     _watchdog: asyncio.Task[None] | None = field(default=None, init=False)
+    _companions: list[asyncio.Task[Any]] = field(default_factory=list, init=False)
 
-    def start(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    def start(
+        self, name: str, coro: Coroutine[Any, Any, T], *, companion: bool = False
+    ) -> asyncio.Task[T]:
         task = self._group.create_task(coro, name=name)
         self.tasks.append(task)
+        if companion:
+            self._companions.append(task)
         return task
 
     def supervise(
@@ -205,6 +240,7 @@ class Supervisor:
         backoff: Backoff,
         *,
         fatal: tuple[type[BaseException], ...] = (),
+        companion: bool = False,
     ) -> asyncio.Task[None]:
         """Run ``run()`` as the task ``name``, again after each failure, waiting ``backoff``.
 
@@ -213,7 +249,7 @@ class Supervisor:
         returns ends the task; so does a stop (``stopping``), also during a back-off.  A
         ``fatal`` error is not retried: it is a failure of the group, as with :meth:`start`.
         """
-        return self.start(name, self._restarting(name, run, backoff, fatal))
+        return self.start(name, self._restarting(name, run, backoff, fatal), companion=companion)
 
     async def _restarting(
         self,
@@ -270,8 +306,8 @@ class Supervisor:
     async def __aenter__(self) -> Supervisor:
         await self._group.__aenter__()
         if self.stopping is not None and self.stop_timeout is not None:
-            self._watchdog = asyncio.create_task(
-                self._stop_in_time(self.stopping, self.stop_timeout), name=f"{self.name}:stop"
+            self._watchdog = _start(
+                f"{self.name}:stop", self._stop_in_time(self.stopping, self.stop_timeout)
             )
         return self
 
@@ -281,6 +317,8 @@ class Supervisor:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        for task in self._companions:
+            task.cancel()  # the body they served has ended
         try:
             await self._group.__aexit__(exc_type, exc, tb)
         except BaseExceptionGroup as group:
@@ -304,19 +342,7 @@ class Supervisor:
         return [(names.get(id(leaf), f"{self.name}:body"), leaf) for leaf in leaves(group)]
 
     def _log_failure(self, name: str, failure: BaseException, **fields: object) -> None:
-        quiet = isinstance(failure, self.expected)
-        self.logger.log(
-            logging.INFO if quiet else logging.ERROR,
-            "task failed",
-            exc_info=None if quiet else failure,
-            extra={
-                "event": Event.TASK_FAILED,
-                "group": self.name,
-                "task": name,
-                "error": f"{type(failure).__name__}: {failure}",
-                **fields,
-            },
-        )
+        log_failure(self.logger, self.name, name, failure, self.expected, **fields)
 
     async def _stop_in_time(self, stopping: asyncio.Event, seconds: float) -> None:
         await stopping.wait()
@@ -343,3 +369,240 @@ def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     for exc in group.exceptions:
         found.extend(leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
     return found
+
+
+def log_failure(
+    logger: logging.Logger,
+    group: str,
+    name: str,
+    failure: BaseException,
+    expected: tuple[type[BaseException], ...] = (),
+    **fields: object,
+) -> None:
+    """Say that the task ``name`` of ``group`` failed: ``expected`` failures in one line, any
+    other with its traceback."""
+    quiet = isinstance(failure, expected)
+    logger.log(
+        logging.INFO if quiet else logging.ERROR,
+        "task failed",
+        exc_info=None if quiet else failure,
+        extra={
+            "event": Event.TASK_FAILED,
+            "group": group,
+            "task": name,
+            "error": f"{type(failure).__name__}: {failure}",
+            **fields,
+        },
+    )
+
+
+def _failure(task: asyncio.Task[Any]) -> BaseException | None:
+    """What a finished task failed with (None: it returned or was cancelled); retrieved, so
+    never "exception was never retrieved"."""
+    return None if task.cancelled() else task.exception()
+
+
+def _start(
+    name: str, coro: Coroutine[Any, Any, T], on_done: Callable[[], object] | None = None
+) -> asyncio.Task[T]:
+    """The one place a task outside a :class:`Supervisor` starts: named, its outcome always
+    retrieved (whoever awaits it may be cancelled first), ``on_done`` called as it ends."""
+    task = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_failure)
+    if on_done is not None:
+        task.add_done_callback(lambda _task: on_done())
+    return task
+
+
+async def _cancel_and_wait(tasks: set[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until each has ended (their errors are the caller's to read)."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+
+
+@dataclass(eq=False)
+class Companion(Generic[T]):
+    """One task beside a block: ``async with Companion("listen", listen()) as listener: ...``.
+
+    - It starts as the block is entered and never outlives it: at the block's exit it is
+      cancelled unless it has ended, and awaited.
+    - Its failure surfaces: :meth:`check` raises it inside the block (``on_done`` is called the
+      moment it ends, to wake the block up for that); at the exit it is raised, unless the
+      block raises already — then it is logged (``expected`` failures in one line).
+    - :meth:`stop` ends it earlier, at a moment of the block's choosing.
+    """
+
+    name: str
+    coro: Coroutine[Any, Any, T]
+    _: KW_ONLY
+    on_done: Callable[[], object] | None = None
+    expected: tuple[type[BaseException], ...] = ()
+    logger: logging.Logger = log
+    _task: asyncio.Task[T] | None = field(default=None, init=False)
+
+    @property
+    def task(self) -> asyncio.Task[T]:
+        if self._task is None:
+            raise RuntimeError(f"companion {self.name} used outside its block")
+        return self._task
+
+    def done(self) -> bool:
+        return self.task.done()
+
+    def check(self) -> None:
+        """Raise the error the companion ended with, if it has; else nothing."""
+        if self.task.done():
+            failure = _failure(self.task)
+            if failure is not None:
+                raise failure
+
+    async def stop(self) -> None:
+        """Cancel the companion unless it has ended, and wait until it has."""
+        await _cancel_and_wait({self.task})
+
+    async def __aenter__(self) -> Companion[T]:
+        self._task = _start(self.name, self.coro, self.on_done)
+        return self
+
+    async def __aexit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
+        await self.stop()
+        failure = _failure(self.task)
+        if failure is None or failure is exc:
+            return
+        if exc is None:
+            raise failure
+        log_failure(self.logger, self.name, self.name, failure, self.expected)
+
+
+@dataclass(eq=False)
+class TaskSet:
+    """Tasks of like work in flight (each a delivery): started one by one, counted, drained.
+
+    - :meth:`start` runs a coroutine as a named task of the set; ``on_done`` is called as each
+      ends (a slot is free).
+    - A task that fails is logged with its name: the work's own errors belong in the work, this
+      is the net under it.
+    - :meth:`drain` is the bounded stop: the tasks have ``grace`` seconds to end on their own,
+      then those left are cancelled, and awaited.
+    """
+
+    name: str
+    _: KW_ONLY
+    on_done: Callable[[], object] | None = None
+    logger: logging.Logger = log
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set, init=False)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def start(self, name: str, coro: Coroutine[Any, Any, object]) -> asyncio.Task[Any]:
+        task = _start(name, coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        failure = _failure(task)
+        if failure is not None:
+            log_failure(self.logger, self.name, task.get_name(), failure)
+        if self.on_done is not None:
+            self.on_done()
+
+    async def drain(self, grace: float = 0.0) -> None:
+        """Give the tasks ``grace`` seconds to end, then cancel those left and wait for them."""
+        if grace > 0 and self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=grace)
+        await _cancel_and_wait(set(self._tasks))
+
+
+@dataclass(eq=False)
+class TaskSlot:
+    """At most one task of a kind at a time, stopped and started again at will (the
+    notification pump of a session, paused around each statement).
+
+    - :meth:`start` runs ``run()`` unless the slot's task still runs.
+    - :meth:`stop` empties the slot at once (a :meth:`start` meanwhile starts a new task), then
+      cancels the task it held and waits until it has ended.
+    - A failure of the task is logged with its name: it has no caller to raise to.
+    """
+
+    name: str
+    _: KW_ONLY
+    logger: logging.Logger = log
+    _task: asyncio.Task[Any] | None = field(default=None, init=False)
+
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self, run: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        if self.running():
+            return
+        self._task = _start(self.name, run())
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        failure = _failure(task)
+        if failure is not None:
+            log_failure(self.logger, self.name, self.name, failure)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            await _cancel_and_wait({task})
+
+
+@dataclass(eq=False)
+class SingleFlight(Generic[T]):
+    """Concurrent callers share one run of a call: ``await flight(lambda: check())`` runs the
+    call unless a run is under way, and then returns that run's result (or raises its error)
+    instead.  A caller cancelled while it waits leaves the run to the others; the first call
+    after a run has ended starts a new one."""
+
+    name: str
+    _running: asyncio.Task[T] | None = field(default=None, init=False)
+
+    async def __call__(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        if self._running is None:
+            self._running = _start(self.name, self._run(call))
+        return await asyncio.shield(self._running)
+
+    async def _run(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        try:
+            return await call()
+        finally:
+            self._running = None  # as the run ends: a caller from now on starts the next one
+
+
+class Toggle:
+    """A state of two values as two events, exactly one of them set: waiters of either side
+    wait on an event (``on`` or ``off``, e.g. with :func:`sleep_unless`), and only
+    :meth:`turn` changes them, both at once."""
+
+    def __init__(self, on: bool = False) -> None:
+        self._on = asyncio.Event()
+        self._off = asyncio.Event()
+        (self._on if on else self._off).set()
+
+    @property
+    def on(self) -> asyncio.Event:
+        """Set while the toggle is on (wait on it; never set it by hand)."""
+        return self._on
+
+    @property
+    def off(self) -> asyncio.Event:
+        """Set while the toggle is off (wait on it; never set it by hand)."""
+        return self._off
+
+    def is_on(self) -> bool:
+        return self._on.is_set()
+
+    def turn(self, on: bool) -> bool:
+        """Turn the toggle on or off; True when that changed it."""
+        if on == self.is_on():
+            return False
+        (self._off if on else self._on).clear()
+        (self._on if on else self._off).set()
+        return True

@@ -29,6 +29,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from schedlock.core.aio import TaskSlot
 from schedlock.core.logs import Event
 from schedlock.core.redact import inspect, scrub
 from schedlock.core.settings import DEFAULT_SCHEMA
@@ -551,9 +552,11 @@ class _Wire:
     name: str
     conn: Conn | None = None
     lock_pid: int | None = None  # the backend that saw its lock granted (affinity)
-    pump: asyncio.Task[None] | None = None
     busy: int = 0  # statements in progress: the notification pump is paused meanwhile
     listeners: list[tuple[str, Callable[[str], None]]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pump = TaskSlot(f"notifies:{self.name}", logger=log)
 
     @property
     def connected(self) -> bool:
@@ -563,10 +566,7 @@ class _Wire:
         conn, self.conn = self.conn, None
         self.lock_pid = None
         self.listeners = []
-        pump, self.pump = self.pump, None
-        if pump is not None:
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
+        await self.pump.stop()
         if conn is not None and not conn.closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.close(), 2)
@@ -581,20 +581,13 @@ class _Wire:
         in psycopg's backlog and handed out first when the pump restarts.
         """
         self.busy += 1
-        pump, self.pump = self.pump, None
-        if pump is not None:
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
+        await self.pump.stop()
         try:
             yield
         finally:
             self.busy -= 1
-            self._restart_pump()
-
-    def _restart_pump(self) -> None:
-        if self.busy or self.pump is not None or not self.listeners or not self.connected:
-            return
-        self.pump = asyncio.create_task(self._pump_notifies(), name=f"notifies:{self.name}")
+            if not self.busy and self.listeners and self.connected:
+                self.pump.start(self._pump_notifies)
 
     async def _pump_notifies(self) -> None:
         conn = self.conn
