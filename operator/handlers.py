@@ -48,6 +48,7 @@ from schedlock.store import (
 
 log = logging.getLogger("schedlock.operator.inject")
 RETRIES = 20
+LIST_PAGE = 500  # objects per page of kopf's initial listing (settings.watching.chunk_size)
 # The deepest JSON the API server takes (Go's encoding/json refuses more than 10,000 levels),
 # so the deepest object kopf may have to read: a ScheduledPublish whose payload nests that
 # deep can be stored while the webhook is down (failurePolicy: Ignore).
@@ -88,6 +89,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.execution.max_workers = 8
     settings.batching.error_delays = [1, 2, 5, 10, 20, 30]
     settings.watching.server_timeout = 300
+    # The initial listing in pages (kopf's chunked LIST): one LIST of every object is one
+    # response held and parsed whole, a peak of memory that stays with the process.
+    settings.watching.chunk_size = LIST_PAGE
     settings.networking.request_timeout = 30
 
 

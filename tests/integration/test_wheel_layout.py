@@ -14,8 +14,6 @@ import pytest
 
 from testbed.layout import REPO, package_dirs, product_modules, wheel_path
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
