@@ -12,7 +12,7 @@ operator's status sync:
   (``lock_key``).  ``squat`` is a session of a foreign role holding it: the waiters hear of it
   as the ``lock`` statement's notices would tell them;
 - the term counter and the release record; the standby places (try-locks); the reserve roster,
-  whose entries expire on the store's ``clock``; the open sessions and refused connections
+  whose entries expire on the loop's clock; the open sessions and refused connections
   (``refuse``); :meth:`MemoryStore.end` is the server ending a session (its lease ran out, it
   was killed, ``pg_terminate_backend``);
 - the key's due rows (``add_due``, ``claim_due``, ``complete``) and NOTIFY (``listen``,
@@ -24,8 +24,9 @@ Each session's ``beats`` says what its heartbeats do: ``ok``, ``hang`` (a frozen
 test needs raise :class:`NotImplementedError` naming the verb: the integration tier runs them
 on PostgreSQL and SQLite.
 
-Time is the running loop's (``clock``, ``db_clock``): on ``testbed.virtual_time`` the tests
-are exact and instant.
+Time is the running loop's (``schedlock.core.aio.now``; the database's clock, ``db_clock``,
+follows it unless a test fixes the database's time): on ``testbed.virtual_time`` the tests are
+exact and instant.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class MemoryHeldLock:
     closed: bool = False
 
     async def ping(self) -> None:
-        self.pings.append(self.store.clock())
+        self.pings.append(now())
         if self.fails_ping:
             raise StoreUnavailable("the lock's session ended")
 
@@ -131,7 +132,6 @@ class MemoryHeldLock:
 
 @dataclass
 class MemoryStore:
-    clock: Callable[[], float] = now
     db_clock: Callable[[], datetime] = _db_clock
     dialect: str = "memory"
     notifies: bool = True  # :meth:`notify` reaches the listeners, as NOTIFY does
@@ -151,8 +151,8 @@ class MemoryStore:
     released_at: float | None = None
     released: bool = False
     places: dict[int, MemorySession] = field(default_factory=dict)
-    roster: dict[str, float] = field(default_factory=dict)  # holder -> expires (clock)
-    # the key's rows: (due at clock(), row)
+    roster: dict[str, float] = field(default_factory=dict)  # holder -> expires (the loop's clock)
+    # the key's rows: (due at the loop's now(), row)
     due: list[tuple[float, FireRow]] = field(default_factory=list)
     claims: list[tuple[float, int]] = field(default_factory=list)  # (when, limit)
     completed: list[tuple[float, Completion]] = field(default_factory=list)
@@ -194,7 +194,7 @@ class MemoryStore:
     def unlock(self, session: MemorySession, *, released: bool) -> None:
         if self.holder is not session:
             return
-        self.holder, self.released_at, self.released = None, self.clock(), released
+        self.holder, self.released_at, self.released = None, now(), released
         self.foreign = None
         while self.queue and self.holder is None:
             waiter, granted = self.queue.pop(0)
@@ -220,10 +220,10 @@ class MemoryStore:
         self.unlock(session, released=False)
 
     def live_roster(self) -> list[str]:
-        return sorted(h for h, expires in self.roster.items() if expires > self.clock())
+        return sorted(h for h, expires in self.roster.items() if expires > now())
 
     def add_due(self, row: FireRow, in_seconds: float = 0.0) -> None:
-        self.due.append((self.clock() + in_seconds, row))
+        self.due.append((now() + in_seconds, row))
 
     def outcomes(self) -> dict[int, str]:
         return {c.id: c.outcome for _, c in self.completed}
@@ -240,7 +240,7 @@ class MemoryStore:
         self.changed_at[record.id] = self.db_clock() if changed_at is None else changed_at
 
     def _read(self, verb: str, args: object) -> None:
-        self.reads.append((self.clock(), verb, args))
+        self.reads.append((now(), verb, args))
 
     def read(self, verb: str) -> list[object]:
         """The arguments of each call of the read ``verb``, in order."""
@@ -339,7 +339,7 @@ class MemoryStore:
         self, since: SweepPosition, limit: int = SWEEP_PAGE
     ) -> tuple[list[PublishRecord], SweepPosition]:
         """Rows changed since ``since``, as :mod:`schedlock.store.verbs` pages them."""
-        self.sweeps.append((self.clock(), since))
+        self.sweeps.append((now(), since))
         db_now = self.db_clock()
         changed = sorted(
             (at, id_)
@@ -453,7 +453,7 @@ class MemorySession:
         self._alive()
         store = self.store
         store.term += 1
-        gap = None if store.released_at is None else store.clock() - store.released_at
+        gap = None if store.released_at is None else now() - store.released_at
         start = TermStart(store.term, store.last_holder, gap, store.released)
         store.last_holder = self.holder
         self._say(f"term:{store.term}")
@@ -465,7 +465,7 @@ class MemorySession:
             await asyncio.get_running_loop().create_future()
         if self.root.beats == "fail":
             raise StoreUnavailable("heartbeat failed: connection reset")
-        backlog = sum(1 for at, _ in self.store.due if at <= self.store.clock())
+        backlog = sum(1 for at, _ in self.store.due if at <= now())
         return Heartbeat(alive=True, backlog=backlog, oldest_due_age=None)
 
     async def release(self, term: int | None) -> None:
@@ -495,10 +495,10 @@ class MemorySession:
     async def reserve_roster(self) -> ReserveRoster:
         others = [h for h in self.store.live_roster() if h != self.holder]
         rank = sum(1 for h in others if h < self.holder)
-        return ReserveRoster(db_now=self.store.clock(), rank=rank, reserves=len(others) + 1)
+        return ReserveRoster(db_now=now(), rank=rank, reserves=len(others) + 1)
 
     async def enlist_reserve(self, next_check_in: float, grace: float) -> None:
-        self.store.roster[self.holder] = self.store.clock() + next_check_in + grace
+        self.store.roster[self.holder] = now() + next_check_in + grace
 
     async def leave_reserves(self) -> None:
         self.store.roster.pop(self.holder, None)
@@ -507,7 +507,7 @@ class MemorySession:
         return []  # a claimed row is completed in the same term here
 
     async def claim_due(self, term: int, limit: int) -> ClaimResult:
-        store, at = self.store, self.store.clock()
+        store, at = self.store, now()
         store.claims.append((at, limit))
         ready = sorted((r for r in store.due if r[0] <= at), key=lambda r: r[0])[:limit]
         store.due = [r for r in store.due if r not in ready]
@@ -515,7 +515,7 @@ class MemorySession:
         return ClaimResult([r for _, r in ready], min(later) if later else None)
 
     async def complete(self, term: int, completions: Sequence[Completion]) -> int:
-        self.store.completed.extend((self.store.clock(), c) for c in completions)
+        self.store.completed.extend((now(), c) for c in completions)
         return len(completions)
 
     async def due_schedules(self, limit: int) -> list[DueSchedule]:
