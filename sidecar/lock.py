@@ -16,7 +16,8 @@ sessions, whatever the replica count::
   ───────────────  ─────────────────────────────  ───────────────────────────────────────────
   WAITING_FOR_APP  none                           DISCONNECTED: app reachable (success
                                                   threshold of checks in a row)
-  DISCONNECTED     connecting                     STANDBY: a standby place taken
+  DISCONNECTED     connecting                     LEADING: the leadership lock was free
+                                                  STANDBY: a standby place taken
                                                   RESERVE: no place free (enlist, close), or
                                                   refused for lack of slots (back-off)
                                                   itself: any other error (close, back off)
@@ -33,8 +34,11 @@ sessions, whatever the replica count::
                                                   DISCONNECTED: session died / heartbeat late
 
 Standby places.  Place ``i`` of a target is a two-int4 advisory lock in a class of its own
-(``schedlock.store.keys``).  A replica connects, tries the places with ``pg_try_advisory_lock``
-(never waiting) and, holding one, waits for the leadership lock on the same session: a standby.
+(``schedlock.store.keys``).  A replica connects and, if the leadership lock is free, takes it
+at once and leads, holding no place (a place held for that moment would turn the replicas
+starting beside it into reserves until their turn).  Otherwise it tries the places with
+``pg_try_advisory_lock`` (never waiting) and, holding one, waits for the leadership lock on the
+same session: a standby.
 Granted, it gives its place back (checked unlock) so a reserve can take it; a standby that
 dies frees its place with its session.  Every replica tries once when it starts or its app
 comes back, so the first ones fill the places at once.
@@ -308,23 +312,30 @@ class Elector:
                 self.refusals.reset()
                 self.reconnect.reset()
                 self.metrics.database_up.set(1)
-                if await session.take_standby_place(self.standbys) is None:
+                # A free lock is taken at once, with no standby place: held for that moment,
+                # the place would turn the replicas starting beside this one into reserves.
+                leads = await session.try_acquire()
+                if not leads and await session.take_standby_place(self.standbys) is None:
                     await self._enlist(session)
                     continue
                 if self._turns is not None:
                     # Was a reserve: off the roster, so no reserve's turn is wasted on us.
                     await session.leave_reserves()
                     self._turns = None
-                self._set_role(Role.STANDBY)
-                if await unless_set(
-                    session.acquire(functools.partial(self._heard_holder, self.lock)),
-                    stopping,
-                    self.app.reachable.off,
-                    suppress=(StoreError,),
-                ):
-                    self._heard_holder(self.lock, None, "granted")
-                    # The lock is ours: give the standby place back, so a reserve can fill it.
-                    await session.leave_standby_place()
+                if not leads:
+                    self._set_role(Role.STANDBY)
+                    granted = await unless_set(
+                        session.acquire(functools.partial(self._heard_holder, self.lock)),
+                        stopping,
+                        self.app.reachable.off,
+                        suppress=(StoreError,),
+                    )
+                    leads = granted is not None
+                    if leads:
+                        self._heard_holder(self.lock, None, "granted")
+                        # The lock is ours: give the standby place back, for a reserve to fill.
+                        await session.leave_standby_place()
+                if leads:
                     await self._lead(session, stopping)
             except FATAL:
                 raise

@@ -430,13 +430,24 @@ class MemorySession:
         self._say("close")
         self.store._drop(self.root)
 
-    async def acquire(self, on_holder: OnHolder | None = None) -> None:
-        self._say("acquire")
+    async def try_acquire(self) -> bool:
+        self._say("try_acquire")
         self._alive()
+        return self._take_if_free()
+
+    def _take_if_free(self) -> bool:
         store = self.store
         if store.holder is None and not store.queue:
             store.holder = self
+            return True
+        return False
+
+    async def acquire(self, on_holder: OnHolder | None = None) -> None:
+        self._say("acquire")
+        self._alive()
+        if self._take_if_free():
             return
+        store = self.store
         self.on_holder = on_holder
         self.waiting = asyncio.get_running_loop().create_future()
         store.queue.append((self, self.waiting))

@@ -236,6 +236,18 @@ class SidecarProcess(NamedProcess):
             for k, v in self.metrics().items()
         )
 
+    def role(self, scheduler: str = "publish") -> str | None:
+        """Its role for ``scheduler``'s key as its metrics say (``leader``, ``standby``,
+        ``reserve``), or None (between roles, or not answering)."""
+        held = [
+            sample.split('role="', 1)[1].split('"', 1)[0]
+            for sample, value in self.metrics().items()
+            if sample.startswith("schedlock_role{")
+            and f'scheduler="{scheduler}"' in sample
+            and value == 1
+        ]
+        return held[0] if held else None
+
     def signal(self, sig: signal.Signals) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)

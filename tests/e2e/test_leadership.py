@@ -72,10 +72,17 @@ def arrivals(group: SidecarGroup) -> list[dict[str, object]]:
 def leading_a_stream(
     group: SidecarGroup, url: str, prefix: str, rows: int, spacing: float, delivered: int
 ) -> tuple[list[str], SidecarProcess]:
-    """Rows due one after another from now on, and the leader once it has delivered some."""
+    """Rows due one after another from now on, and the leader once it has delivered some and
+    a standby waits (what each hand-over here measures; a replica that finds the lock free
+    leads without a standby place, so one is there from the start)."""
     uids = insert_rows(url, rows, start_in=0.5, spacing=spacing, prefix=prefix)
     leader = group.wait_leader()
     wait_for(lambda: len(arrivals(group)) >= delivered, timeout=20, what=f"{prefix} deliveries")
+    wait_for(
+        lambda: any(s.role() == "standby" for s in group if s is not leader),
+        timeout=10,
+        what="a standby",
+    )
     return uids, leader
 
 

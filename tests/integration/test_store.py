@@ -305,6 +305,41 @@ def test_followers_wait_without_queries(migrated_database: str, postgres: object
     asyncio.run(run())
 
 
+def test_a_free_lock_is_taken_at_once_and_a_held_one_refused_at_once(
+    migrated_database: str,
+) -> None:
+    """``try_acquire``: the replica that finds the lock free leads with no standby place; one
+    that finds it held is told so at once, with no wait left queued on the server."""
+
+    async def run() -> None:
+        store = open_store(migrated_database)
+        first = store.lock_session(KEY, "first", 10)
+        second = store.lock_session(KEY, "second", 10)
+        await asyncio.gather(first.connect(), second.connect())
+        assert await first.try_acquire()
+        assert not await asyncio.wait_for(second.try_acquire(), 5)
+        with psycopg.connect(migrated_database, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) "
+                "FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
+        assert row == (1, 0), "the holder's lock, and no waiter"
+        term = (await first.begin_term()).term
+        await first.release(term)
+        assert await second.try_acquire(), "free again: taken"
+        start = await second.begin_term()
+        assert (start.term, start.previous_holder, start.previous_released) == (
+            term + 1,
+            "first",
+            True,
+        )
+        await second.release(start.term)
+        await asyncio.gather(first.close(), second.close())
+
+    asyncio.run(run())
+
+
 async def _listen_to_outcomes(
     store: Store,
 ) -> tuple[asyncio.Queue[str | bytes], asyncio.Task[None]]:

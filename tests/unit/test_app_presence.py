@@ -491,7 +491,7 @@ async def test_no_session_while_the_app_is_away_then_compete() -> None:
         assert it.steps() == [], "no session, so no waiter that could be granted"
         it.app.set(True)
         await until(lambda: it.role is Role.STANDBY and "acquire" in it.steps())
-        assert it.steps() == ["session", "connect", "acquire"]
+        assert it.steps() == ["session", "connect", "try_acquire", "acquire"]
 
 
 async def test_a_follower_whose_app_goes_away_leaves_the_queue() -> None:
@@ -500,7 +500,7 @@ async def test_a_follower_whose_app_goes_away_leaves_the_queue() -> None:
         await until(lambda: "acquire" in it.steps())
         it.app.set(False)
         await until(lambda: it.role is Role.WAITING_FOR_APP)
-        assert it.steps() == ["session", "connect", "acquire", "close"]
+        assert it.steps() == ["session", "connect", "try_acquire", "acquire", "close"]
         assert it.server.queue == [], "out of the lock's queue"
 
 

@@ -801,6 +801,17 @@ class PostgresLockSession(LockVerbs):
 
     # -- leadership -----------------------------------------------------------------------------
 
+    async def try_acquire(self) -> bool:
+        """Take this session's lock if it is free, never waiting: True when it is now held
+        (and on this backend).  A replica that can lead at once so takes no standby place,
+        which, held for that moment, would turn the replicas starting beside it into reserves
+        until their turn."""
+        row = await self._one("try_lock", {**self.lock.params(), "namespace": self.key.namespace})
+        if not row["granted"]:
+            return False
+        await self._verify_session_affinity()
+        return True
+
     async def acquire(
         self, on_holder: Callable[[ForeignHolder | None], None] | None = None
     ) -> None:

@@ -556,7 +556,8 @@ SELECT extract(epoch FROM now() - (SELECT min(updated_at) FROM schedlock_publish
        pg_total_relation_size('schedlock_reserves')::float8 AS reserves_bytes;
 
 -- name: try_lock
--- A target's leader takes one of its keys' own locks without waiting; while another session
+-- A replica takes its target's leadership lock without waiting when it is free (leading at once,
+-- without a standby place), and a target's leader takes one of its keys' own locks so; while another session
 -- holds it (a replica of a release that locks per key, during a rolling update, or a squatter)
 -- it tries again later, and hears whether that holder's role may not serve the key's namespace
 -- (migration 0009).  The CTE runs the try once, before the look at the holder.
