@@ -43,48 +43,14 @@ from schedlock.core.scheduling import AttemptResult
 from schedlock.sidecar.delivery import Delivery
 from schedlock.sidecar.firing import AppCheck, Deliveries
 from schedlock.sidecar.lock import AppPresence
-from schedlock.store import (
-    SWEEP_PAGE,
-    ClaimResult,
-    Completion,
-    ConnectionsExhausted,
-    DueSchedule,
-    FireRow,
-    ForeignHolder,
-    GrantReport,
-    GrantRequest,
-    Heartbeat,
-    KeyStatus,
-    LockKey,
-    LockSession,
-    PublishRecord,
-    PublishSpec,
-    RecordedOutcome,
-    ReserveRoster,
-    RowVersion,
-    ScheduleAdvance,
-    ScheduleRecord,
-    ScheduleSpec,
-    SchemaStatus,
-    ServedNamespaces,
-    SessionBudget,
-    Store,
-    StoreUnavailable,
-    SweepPosition,
-    SyncCursor,
-    TargetLock,
-    TermStart,
-    UnlockFailed,
-    UpsertResult,
-)
-from schedlock.store.contract import HeldLock, Maintenance
+from schedlock.store import models
+from schedlock.store.contract import HeldLock, LockSession, Maintenance, Store
+from schedlock.store.errors import ConnectionsExhausted, StoreUnavailable, UnlockFailed
+from schedlock.store.keys import LockKey, TargetLock
 from schedlock.store.verbs import SWEEP_OVERLAP
 
 KEY = LockKey("publish", "default", "demo")
 DB_EPOCH = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-OnHolder = Callable[[ForeignHolder | None], None]
-OnPayload = Callable[[str | bytes], None]
 
 
 def _not_kept(verb: str) -> NoReturn:
@@ -97,9 +63,9 @@ def _db_clock() -> datetime:
 
 def publish_record(
     id_: int, uid: str, *, state: str = "published", generation: int = 1, at: datetime = DB_EPOCH
-) -> PublishRecord:
+) -> models.PublishRecord:
     """A one-shot row of namespace ``ns``, named as its uid, that fired once at ``at``."""
-    return PublishRecord(
+    return models.PublishRecord(
         id=id_, scheduler="publish", namespace="ns", name=uid, uid=uid, generation=generation,
         target="demo", due_at=at, next_attempt_at=at, payload={}, state=state, attempts=1,
         max_attempts=5, term=1, holder="h", last_status=200, last_error=None, fired_at=at,
@@ -145,7 +111,7 @@ class MemoryStore:
     # the target's leadership lock
     holder: MemorySession | None = None
     queue: list[tuple[MemorySession, asyncio.Future[None]]] = field(default_factory=list)
-    foreign: ForeignHolder | None = None  # what the waiters hear of a foreign holder
+    foreign: models.ForeignHolder | None = None  # what the waiters hear of a foreign holder
     term: int = 0
     last_holder: str | None = None
     released_at: float | None = None
@@ -153,21 +119,21 @@ class MemoryStore:
     places: dict[int, MemorySession] = field(default_factory=dict)
     roster: dict[str, float] = field(default_factory=dict)  # holder -> expires (the loop's clock)
     # the key's rows: (due at the loop's now(), row)
-    due: list[tuple[float, FireRow]] = field(default_factory=list)
+    due: list[tuple[float, models.FireRow]] = field(default_factory=list)
     claims: list[tuple[float, int]] = field(default_factory=list)  # (when, limit)
-    completed: list[tuple[float, Completion]] = field(default_factory=list)
-    listeners: dict[str, list[OnPayload]] = field(default_factory=dict)
+    completed: list[tuple[float, models.Completion]] = field(default_factory=list)
+    listeners: dict[str, list[models.OnPayload]] = field(default_factory=dict)
     # the operator's side
     object_locks: dict[int, MemoryHeldLock] = field(default_factory=dict)
     object_lock_freed: asyncio.Event = field(default_factory=asyncio.Event)
     held: list[MemoryHeldLock] = field(default_factory=list)
     next_held_fails_ping: bool = False
     cursors: dict[str, datetime] = field(default_factory=dict)
-    cursor_reads: list[SyncCursor] = field(default_factory=list)
-    publishes: dict[int, PublishRecord] = field(default_factory=dict)
+    cursor_reads: list[models.SyncCursor] = field(default_factory=list)
+    publishes: dict[int, models.PublishRecord] = field(default_factory=dict)
     changed_at: dict[int, datetime] = field(default_factory=dict)  # id -> updated_at
-    schedules: dict[str, ScheduleRecord] = field(default_factory=dict)
-    sweeps: list[tuple[float, SweepPosition]] = field(default_factory=list)
+    schedules: dict[str, models.ScheduleRecord] = field(default_factory=dict)
+    sweeps: list[tuple[float, models.SweepPosition]] = field(default_factory=list)
     reads: list[tuple[float, str, object]] = field(default_factory=list)  # (when, verb, args)
     # a pruning pass's session (``maintenance``), its verbs as the test scripts them
     maintenance_session: Maintenance | None = None
@@ -181,7 +147,7 @@ class MemoryStore:
         self.holder = session
         return session
 
-    def squat(self, foreign: ForeignHolder | None) -> None:
+    def squat(self, foreign: models.ForeignHolder | None) -> None:
         """The lock's holder is (or is no longer, None) a session of a foreign role: every
         waiter hears it, once per change, as the ``lock`` statement's notices would say."""
         if foreign == self.foreign:
@@ -222,7 +188,7 @@ class MemoryStore:
     def live_roster(self) -> list[str]:
         return sorted(h for h, expires in self.roster.items() if expires > now())
 
-    def add_due(self, row: FireRow, in_seconds: float = 0.0) -> None:
+    def add_due(self, row: models.FireRow, in_seconds: float = 0.0) -> None:
         self.due.append((now() + in_seconds, row))
 
     def outcomes(self) -> dict[int, str]:
@@ -233,7 +199,7 @@ class MemoryStore:
         for listener in self.listeners.get(channel, []):
             listener(payload)
 
-    def put(self, record: PublishRecord, changed_at: datetime | None = None) -> None:
+    def put(self, record: models.PublishRecord, changed_at: datetime | None = None) -> None:
         """A row as the sidecars left it, changed at ``changed_at`` (default: now, database
         clock)."""
         self.publishes[record.id] = record
@@ -252,21 +218,17 @@ class MemoryStore:
         for session in list(self.sessions):
             self._drop(session)
 
-    async def grant(self, request: GrantRequest) -> GrantReport:
+    async def grant(self, request: models.GrantRequest) -> models.GrantReport:
         _not_kept("grant")
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         return "memory", []
 
-    async def served_namespaces(self) -> ServedNamespaces:
+    async def served_namespaces(self) -> models.ServedNamespaces:
         _not_kept("served_namespaces")
 
     def lock_session(
-        self,
-        key: LockKey,
-        holder: str,
-        lease_seconds: float,
-        target: TargetLock | None = None,
+        self, key: LockKey, holder: str, lease_seconds: float, target: TargetLock | None = None
     ) -> MemorySession:
         self.steps.append(f"{holder}:session")
         return MemorySession(self, key, holder)
@@ -274,7 +236,7 @@ class MemoryStore:
     async def listen(
         self,
         channel: str,
-        on_payload: Callable[[str | bytes], None],
+        on_payload: models.OnPayload,
         ready: asyncio.Event | None = None,
     ) -> None:
         """A dedicated listening session: listens until cancelled."""
@@ -301,13 +263,13 @@ class MemoryStore:
     async def migrate(self, *, to: int | None = None, force: bool = False) -> list[int]:
         return []
 
-    async def schema_status(self) -> SchemaStatus:
+    async def schema_status(self) -> models.SchemaStatus:
         _not_kept("schema_status")
 
-    async def upsert_publish(self, spec: PublishSpec) -> UpsertResult:
+    async def upsert_publish(self, spec: models.PublishSpec) -> models.UpsertResult:
         _not_kept("upsert_publish")
 
-    async def upsert_schedule(self, spec: ScheduleSpec) -> UpsertResult:
+    async def upsert_schedule(self, spec: models.ScheduleSpec) -> models.UpsertResult:
         _not_kept("upsert_schedule")
 
     async def cancel_publish(self, uid: str) -> bool:
@@ -316,28 +278,28 @@ class MemoryStore:
     async def cancel_schedule(self, uid: str) -> int:
         _not_kept("cancel_schedule")
 
-    async def key_status(self) -> list[KeyStatus]:
+    async def key_status(self) -> list[models.KeyStatus]:
         _not_kept("key_status")
 
-    async def session_budget(self) -> SessionBudget:
+    async def session_budget(self) -> models.SessionBudget:
         _not_kept("session_budget")
 
-    async def get_publish(self, uid: str) -> PublishRecord | None:
+    async def get_publish(self, uid: str) -> models.PublishRecord | None:
         self._read("get_publish", uid)
         return next((r for r in self.publishes.values() if r.uid == uid), None)
 
-    async def get_schedule(self, uid: str) -> ScheduleRecord | None:
+    async def get_schedule(self, uid: str) -> models.ScheduleRecord | None:
         self._read("get_schedule", uid)
         return self.schedules.get(uid)
 
-    async def latest_slot(self, schedule_uid: str) -> PublishRecord | None:
+    async def latest_slot(self, schedule_uid: str) -> models.PublishRecord | None:
         self._read("latest_slot", schedule_uid)
         slots = [r for r in self.publishes.values() if r.uid.startswith(f"{schedule_uid}@")]
         return max(slots, key=lambda r: r.due_at, default=None)
 
     async def changed_since(
-        self, since: SweepPosition, limit: int = SWEEP_PAGE
-    ) -> tuple[list[PublishRecord], SweepPosition]:
+        self, since: models.SweepPosition, limit: int = models.SWEEP_PAGE
+    ) -> tuple[list[models.PublishRecord], models.SweepPosition]:
         """Rows changed since ``since``, as :mod:`schedlock.store.verbs` pages them."""
         self.sweeps.append((now(), since))
         db_now = self.db_clock()
@@ -348,29 +310,31 @@ class MemoryStore:
         )[:limit]
         records = [self.publishes[id_] for _, id_ in changed]
         if len(changed) == limit:
-            return records, SweepPosition(*changed[-1])
-        return records, SweepPosition(db_now - SWEEP_OVERLAP)
+            return records, models.SweepPosition(*changed[-1])
+        return records, models.SweepPosition(db_now - SWEEP_OVERLAP)
 
-    async def publishes_by_id(self, ids: Sequence[int]) -> list[PublishRecord]:
+    async def publishes_by_id(self, ids: Sequence[int]) -> list[models.PublishRecord]:
         self._read("publishes_by_id", list(ids))
         return [self.publishes[i] for i in ids if i in self.publishes]
 
-    async def row_versions(self, uids: Sequence[str]) -> list[RowVersion]:
+    async def row_versions(self, uids: Sequence[str]) -> list[models.RowVersion]:
         self._read("row_versions", list(uids))
         wanted = set(uids)
         versions = [
-            RowVersion("publish", r.uid, r.generation, r.state)
+            models.RowVersion("publish", r.uid, r.generation, r.state)
             for r in self.publishes.values()
             if r.uid in wanted
         ]
         versions += [
-            RowVersion("schedule", s.uid, s.generation, s.state)
+            models.RowVersion("schedule", s.uid, s.generation, s.state)
             for s in self.schedules.values()
             if s.uid in wanted
         ]
         return versions
 
-    async def restore_publish(self, spec: PublishSpec, outcome: RecordedOutcome) -> UpsertResult:
+    async def restore_publish(
+        self, spec: models.PublishSpec, outcome: models.RecordedOutcome
+    ) -> models.UpsertResult:
         _not_kept("restore_publish")
 
     @asynccontextmanager
@@ -379,8 +343,8 @@ class MemoryStore:
             _not_kept("maintenance")
         yield self.maintenance_session
 
-    async def sync_cursor(self, name: str) -> SyncCursor:
-        self.cursor_reads.append(SyncCursor(self.cursors.get(name), self.db_clock()))
+    async def sync_cursor(self, name: str) -> models.SyncCursor:
+        self.cursor_reads.append(models.SyncCursor(self.cursors.get(name), self.db_clock()))
         return self.cursor_reads[-1]
 
     async def store_sync_cursor(self, name: str, watermark_at: datetime, holder: str) -> None:
@@ -400,7 +364,7 @@ class MemorySession:
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # the server ended it
     # What the next heartbeats do: "ok", "hang" (a frozen network) or "fail" (an error).
     beats: str = "ok"
-    on_holder: OnHolder | None = None
+    on_holder: models.OnHolder | None = None
     waiting: asyncio.Future[None] | None = None
 
     @property
@@ -442,7 +406,7 @@ class MemorySession:
             return True
         return False
 
-    async def acquire(self, on_holder: OnHolder | None = None) -> None:
+    async def acquire(self, on_holder: models.OnHolder | None = None) -> None:
         self._say("acquire")
         self._alive()
         if self._take_if_free():
@@ -455,29 +419,31 @@ class MemorySession:
             on_holder(store.foreign)
         await self.waiting
 
-    async def lock_key(self, key: LockKey, on_holder: OnHolder | None = None) -> MemorySession:
+    async def lock_key(
+        self, key: LockKey, on_holder: models.OnHolder | None = None
+    ) -> MemorySession:
         """The key's own lock, on this session (leading its target): always free here."""
         self._alive()
         return MemorySession(self.store, key, self.holder, owner=self.root)
 
-    async def begin_term(self) -> TermStart:
+    async def begin_term(self) -> models.TermStart:
         self._alive()
         store = self.store
         store.term += 1
         gap = None if store.released_at is None else now() - store.released_at
-        start = TermStart(store.term, store.last_holder, gap, store.released)
+        start = models.TermStart(store.term, store.last_holder, gap, store.released)
         store.last_holder = self.holder
         self._say(f"term:{store.term}")
         return start
 
-    async def heartbeat(self, term: int) -> Heartbeat:
+    async def heartbeat(self, term: int) -> models.Heartbeat:
         self._alive()
         if self.root.beats == "hang":
             await asyncio.get_running_loop().create_future()
         if self.root.beats == "fail":
             raise StoreUnavailable("heartbeat failed: connection reset")
         backlog = sum(1 for at, _ in self.store.due if at <= now())
-        return Heartbeat(alive=True, backlog=backlog, oldest_due_age=None)
+        return models.Heartbeat(alive=True, backlog=backlog, oldest_due_age=None)
 
     async def release(self, term: int | None) -> None:
         self._alive()
@@ -489,7 +455,7 @@ class MemorySession:
             raise UnlockFailed("unlock returned false")
         self.store.unlock(self, released=True)
 
-    async def listen(self, channel: str, on_payload: OnPayload) -> None:
+    async def listen(self, channel: str, on_payload: models.OnPayload) -> None:
         self.store.listeners.setdefault(channel, []).append(on_payload)
 
     async def take_standby_place(self, places: int) -> int | None:
@@ -503,10 +469,10 @@ class MemorySession:
         for place in [p for p, s in self.store.places.items() if s is self]:
             del self.store.places[place]
 
-    async def reserve_roster(self) -> ReserveRoster:
+    async def reserve_roster(self) -> models.ReserveRoster:
         others = [h for h in self.store.live_roster() if h != self.holder]
         rank = sum(1 for h in others if h < self.holder)
-        return ReserveRoster(db_now=now(), rank=rank, reserves=len(others) + 1)
+        return models.ReserveRoster(db_now=now(), rank=rank, reserves=len(others) + 1)
 
     async def enlist_reserve(self, next_check_in: float, grace: float) -> None:
         self.store.roster[self.holder] = now() + next_check_in + grace
@@ -514,22 +480,22 @@ class MemorySession:
     async def leave_reserves(self) -> None:
         self.store.roster.pop(self.holder, None)
 
-    async def adopt_orphans(self, term: int) -> list[FireRow]:
+    async def adopt_orphans(self, term: int) -> list[models.FireRow]:
         return []  # a claimed row is completed in the same term here
 
-    async def claim_due(self, term: int, limit: int) -> ClaimResult:
+    async def claim_due(self, term: int, limit: int) -> models.ClaimResult:
         store, at = self.store, now()
         store.claims.append((at, limit))
         ready = sorted((r for r in store.due if r[0] <= at), key=lambda r: r[0])[:limit]
         store.due = [r for r in store.due if r not in ready]
         later = [due - at for due, _ in store.due]
-        return ClaimResult([r for _, r in ready], min(later) if later else None)
+        return models.ClaimResult([r for _, r in ready], min(later) if later else None)
 
-    async def complete(self, term: int, completions: Sequence[Completion]) -> int:
+    async def complete(self, term: int, completions: Sequence[models.Completion]) -> int:
         self.store.completed.extend((now(), c) for c in completions)
         return len(completions)
 
-    async def due_schedules(self, limit: int) -> list[DueSchedule]:
+    async def due_schedules(self, limit: int) -> list[models.DueSchedule]:
         return []
 
     async def next_slot_in(self) -> float | None:
@@ -540,7 +506,9 @@ class MemorySession:
     ) -> bool:
         _not_kept("insert_slot")
 
-    async def advance_schedule(self, term: int, schedule_id: int, advance: ScheduleAdvance) -> None:
+    async def advance_schedule(
+        self, term: int, schedule_id: int, advance: models.ScheduleAdvance
+    ) -> None:
         _not_kept("advance_schedule")
 
 
@@ -575,7 +543,7 @@ class MemoryApp:
     async def confirm(self, failure: str = "") -> bool:
         return self.up
 
-    async def deliver(self, row: FireRow, term: int) -> Delivery:
+    async def deliver(self, row: models.FireRow, term: int) -> Delivery:
         self.started.append((now(), row.id))
         self.inflight += 1
         self.most_inflight = max(self.most_inflight, self.inflight)

@@ -24,8 +24,9 @@ from schedlock.operator.sync import (
     StatusSync,
 )
 from schedlock.store import SYNC_LOCK_OBJID, Channel, StoreUnavailable
+from schedlock.store.models import OnPayload
 from schedlock.store.verbs import SWEEP_OVERLAP
-from testbed.memory_store import MemoryStore, OnPayload
+from testbed.memory_store import MemoryStore
 from testbed.virtual_time import START, run
 
 SWEEP = 30.0

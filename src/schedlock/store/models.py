@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -219,6 +220,12 @@ class ForeignHolder:
 
     pid: int  # its backend pid (what `pg_terminate_backend` takes)
     role: str  # its login role
+
+
+# What a waiter hears of a foreign holder of its lock (None: gone), and what a listener is
+# handed for each notification (its text, or its bytes when the encoding cannot decode them).
+OnHolder = Callable[[ForeignHolder | None], None]
+OnPayload = Callable[[str | bytes], None]
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ from schedlock.store.models import (
     ForeignHolder,
     GrantReport,
     GrantRequest,
+    OnHolder,
+    OnPayload,
     ReserveRoster,
     ServedNamespaces,
 )
@@ -268,7 +270,7 @@ def lock_statement(classid: int, objid: int, namespace: str | None = None) -> st
 
 
 def _foreign_holder_notices(
-    conn: Conn, on_holder: Callable[[ForeignHolder | None], None]
+    conn: Conn, on_holder: OnHolder
 ) -> Callable[[psycopg.errors.Diagnostic], None]:
     """Hand each foreign-holder notice of the ``lock`` statement to ``on_holder``, as it
     arrives (psycopg calls notice handlers while the statement still runs)."""
@@ -812,9 +814,7 @@ class PostgresLockSession(LockVerbs):
         await self._verify_session_affinity()
         return True
 
-    async def acquire(
-        self, on_holder: Callable[[ForeignHolder | None], None] | None = None
-    ) -> None:
+    async def acquire(self, on_holder: OnHolder | None = None) -> None:
         """Block until this session holds its lock (a standby waits here, in one statement:
         :func:`lock_statement`).  ``on_holder`` hears, while it waits, of each change of a
         session holding the lock whose role may not serve the key's namespace (None: gone)."""
@@ -834,7 +834,7 @@ class PostgresLockSession(LockVerbs):
         await self._verify_session_affinity()
 
     async def lock_key(
-        self, key: LockKey, on_holder: Callable[[ForeignHolder | None], None] | None = None
+        self, key: LockKey, on_holder: OnHolder | None = None
     ) -> PostgresLockSession | None:
         """Take ``key``'s own lock on this session without waiting, once it leads: a session of
         that key on this connection (its row verbs, its LISTEN), or None while another session
@@ -1256,18 +1256,14 @@ class PostgresConnector:
         return await _guard(self._direct(run))
 
     def lock_session(
-        self,
-        key: LockKey,
-        holder: str,
-        lease_seconds: float,
-        target: TargetLock | None = None,
+        self, key: LockKey, holder: str, lease_seconds: float, target: TargetLock | None = None
     ) -> PostgresLockSession:
         return PostgresLockSession(self.url, key, holder, lease_seconds, self.schema, target=target)
 
     async def listen(
         self,
         channel: str,
-        on_payload: Callable[[str | bytes], None],
+        on_payload: OnPayload,
         ready: asyncio.Event | None = None,
     ) -> None:
         """LISTEN on a dedicated connection and call ``on_payload`` until cancelled: with the

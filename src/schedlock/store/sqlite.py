@@ -26,9 +26,10 @@ from schedlock.store.keys import LockKey, TargetLock
 from schedlock.store.migrations import split_statements
 from schedlock.store.models import (
     EVERY_NAMESPACE,
-    ForeignHolder,
     GrantReport,
     GrantRequest,
+    OnHolder,
+    OnPayload,
     ReserveRoster,
     ServedNamespaces,
 )
@@ -199,18 +200,14 @@ class SqliteLockSession(LockVerbs):
     async def try_acquire(self) -> bool:
         return True  # one process: its lock is always free to it
 
-    async def acquire(
-        self, on_holder: Callable[[ForeignHolder | None], None] | None = None
-    ) -> None:
+    async def acquire(self, on_holder: OnHolder | None = None) -> None:
         # Nothing to wait for, and no other session that could hold the lock: never calls it.
         return None
 
     async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
         return None
 
-    async def lock_key(
-        self, key: LockKey, on_holder: Callable[[ForeignHolder | None], None] | None = None
-    ) -> SqliteLockSession:
+    async def lock_key(self, key: LockKey, on_holder: OnHolder | None = None) -> SqliteLockSession:
         # One process: every key's lock is its own.
         session = SqliteLockSession(self.db, key)
         session._connected = self._connected
@@ -288,18 +285,14 @@ class SqliteConnector:
         return "", []  # SQLite has no roles: the file's permissions are the only guard
 
     def lock_session(
-        self,
-        key: LockKey,
-        holder: str,
-        lease_seconds: float,
-        target: TargetLock | None = None,
+        self, key: LockKey, holder: str, lease_seconds: float, target: TargetLock | None = None
     ) -> SqliteLockSession:
         return SqliteLockSession(self.db, key, target.keys if target else (key,))
 
     async def listen(
         self,
         channel: str,
-        on_payload: Callable[[str | bytes], None],
+        on_payload: OnPayload,
         ready: asyncio.Event | None = None,
     ) -> None:
         """SQLite has no NOTIFY: the loops rely on their timers and the safety poll."""
