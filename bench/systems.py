@@ -34,7 +34,7 @@ from schedlock.core.logs import Event, records
 from schedlock.store.keys import LockKey
 from testbed import leaders
 from testbed.deliveries import DeliveryLog
-from testbed.procs import NamedProcess, die_with_parent, terminate
+from testbed.procs import NamedProcess, die_with_parent, stat, status_kb, terminate
 from testbed.sidecars import REPO, Deadline, ReceiverProcess, SidecarProcess
 from testbed.tools import tool
 
@@ -97,23 +97,14 @@ def hard_kill(replica: Replica) -> None:
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float | None:
     """Resident set size (or ``VmHWM``, the peak) of a process, from /proc, in MB."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    kb = status_kb(pid).get(field)
+    return None if kb is None else kb / 1024
 
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of a process so far, from /proc/<pid>/stat."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    found = stat(pid)
+    return None if found is None else found.cpu_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def postgres_cpu_seconds(postmaster: int) -> float:

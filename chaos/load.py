@@ -23,7 +23,7 @@ import psycopg
 
 from chaos.config import ChaosConfig
 from chaos.stack import Stack, log
-from schedlock.core.identities import rfc3339
+from schedlock.core.identities import CLI_UID_PREFIX, rfc3339
 from schedlock.operator import crd
 from schedlock.store import ScheduleSpec, open_store
 
@@ -65,7 +65,7 @@ async def create_schedules(stack: Stack, config: ChaosConfig) -> list[dict[str, 
     made = []
     for target in config.targets:
         for i in range(config.schedules_per_target):
-            uid = f"cli-chaos-every-{target}-{i}"
+            uid = f"{CLI_UID_PREFIX}chaos-every-{target}-{i}"
             await store.upsert_schedule(
                 ScheduleSpec(
                     namespace=config.namespace,
@@ -126,7 +126,7 @@ class DirectRows(_Load):
                 # Never due after the end of the load: every row can settle in the drain.
                 offset = min(offset, until - time.time())
                 target = self.rng.choice(self.config.targets)
-                pending.append((f"cli-chaos-{self.seq}", target, offset))
+                pending.append((f"{CLI_UID_PREFIX}chaos-{self.seq}", target, offset))
             if pending and await self._insert(pending):
                 pending = []
             next_tick += TICK

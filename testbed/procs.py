@@ -115,6 +115,8 @@ class Stat:
     ppid: int
     start: int
     """Start time in clock ticks since boot: with the pid, it names one process for good."""
+    cpu_ticks: int
+    """User + system CPU time so far, in clock ticks (``SC_CLK_TCK`` a second)."""
 
     @property
     def exited(self) -> bool:
@@ -134,7 +136,41 @@ def parse_stat(text: str) -> Stat:
     """A ``/proc/<pid>/stat`` line; fields count from the last ``)``, as the command in
     parentheses may hold spaces and parentheses itself."""
     fields = text[text.rindex(")") + 2 :].split()
-    return Stat(state=fields[0], ppid=int(fields[1]), start=int(fields[19]))
+    return Stat(
+        state=fields[0],
+        ppid=int(fields[1]),
+        start=int(fields[19]),
+        cpu_ticks=int(fields[11]) + int(fields[12]),  # utime, stime (fields 14 and 15)
+    )
+
+
+def status_kb(pid: int) -> dict[str, int]:
+    """The ``kB`` fields of PID's ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``, ``RssAnon``…)
+    by name; empty when there is no such process (it ended between a listing and the read)."""
+    try:
+        return parse_status_kb(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return {}
+
+
+def parse_status_kb(text: str) -> dict[str, int]:
+    """The ``kB`` fields of a ``/proc/<pid>/status`` text by name."""
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        name, sep, rest = line.partition(":")
+        parts = rest.split()
+        if sep and len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            fields[name] = int(parts[0])
+    return fields
+
+
+def children(parent: int) -> list[int]:
+    """The live processes whose parent is ``parent``."""
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and (found := stat(int(entry.name))) and found.ppid == parent
+    ]
 
 
 def start_time(pid: int) -> int | None:

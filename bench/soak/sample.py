@@ -22,8 +22,9 @@ from typing import Any
 
 import psycopg
 
-from bench.soak.trends import lateness_window, proc_stat_ppid, proc_status_kb
+from bench.soak.trends import lateness_window
 from testbed.deliveries import DeliveryLog
+from testbed.procs import children, status_kb
 
 HARNESS_PROCESSES = ("receiver", "etcd", "kube-apiserver")
 
@@ -39,25 +40,6 @@ GROUP BY application_name
 """
 
 
-def status_kb(pid: int) -> dict[str, int]:
-    try:
-        return proc_status_kb(Path(f"/proc/{pid}/status").read_text())
-    except OSError:  # the process ended between the listing and the read
-        return {}
-
-
-def children_of(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if proc_stat_ppid((entry / "stat").read_text()) == parent:
-                    found.append(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
-
-
 def memory(processes: dict[str, int], postmaster: int | None) -> dict[str, float]:
     values: dict[str, float] = {}
     for name, pid in processes.items():
@@ -67,7 +49,7 @@ def memory(processes: dict[str, int], postmaster: int | None) -> dict[str, float
             values[f"{kind}/{name}"] = rss / 1024
     if postmaster is not None:
         private = sum(
-            status_kb(pid).get("RssAnon", 0) for pid in [postmaster, *children_of(postmaster)]
+            status_kb(pid).get("RssAnon", 0) for pid in [postmaster, *children(postmaster)]
         )
         values["rss_mb/postgres"] = private / 1024
     return values

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schedlock.core.identities import CLI_UID_PREFIX
 from schedlock.operator import crd
 from schedlock.store import GrantRequest, ScheduleSpec, open_store
 from testbed.kube import KubeAPIServer, KubeToolsMissingError, resolve_tool_dir
@@ -124,7 +125,7 @@ class SoakStack:
             store = open_store(self.admin_url, application_name="soak-schedules")
             try:
                 for i in range(count):
-                    uid = f"cli-soak-every-{i}"
+                    uid = f"{CLI_UID_PREFIX}soak-every-{i}"
                     await store.upsert_schedule(
                         ScheduleSpec(
                             namespace=NAMESPACE,

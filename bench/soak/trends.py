@@ -142,26 +142,6 @@ def overall(trends: Sequence[Trend]) -> Verdict:
     return "grows" if any(t.verdict == "grows" for t in gating) else "flat"
 
 
-# -- parsers of what the sampler reads -------------------------------------------------------------
-
-
-def proc_status_kb(text: str) -> dict[str, int]:
-    """The ``kB`` fields of ``/proc/<pid>/status`` (``VmRSS``, ``RssAnon``, …) by name."""
-    fields: dict[str, int] = {}
-    for line in text.splitlines():
-        name, sep, rest = line.partition(":")
-        parts = rest.split()
-        if sep and len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
-            fields[name] = int(parts[0])
-    return fields
-
-
-def proc_stat_ppid(text: str) -> int:
-    """The parent pid in ``/proc/<pid>/stat`` (the command, in parentheses, may hold spaces
-    and parentheses itself: fields are counted from the last ``)``)."""
-    return int(text.rsplit(")", 1)[1].split()[1])
-
-
 def lateness_window(lateness_ms: Sequence[float], seconds: float) -> dict[str, float]:
     """The lateness series' values for one sampling window (p50, p99, max, fires/s); NaN
     percentiles when nothing fired in it."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak.run import SoakConfig, soak
-from bench.soak.sample import children_of
+from testbed.procs import children
 
 SERIES = {
     "table_mb/schedlock_publishes",
@@ -38,7 +38,7 @@ SERIES = {
 
 @pytest.mark.timeout(300)
 def test_soak_runs_samples_judges_and_cleans_up(tmp_path: Path) -> None:
-    before = set(children_of(os.getpid()))
+    before = set(children(os.getpid()))
     out = tmp_path / "out"
     config = SoakConfig(
         duration_s=25,
@@ -75,5 +75,5 @@ def test_soak_runs_samples_judges_and_cleans_up(tmp_path: Path) -> None:
     ]
     assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| series |" in (out / "summary.md").read_text()
-    left = [pid for pid in set(children_of(os.getpid())) - before if Path(f"/proc/{pid}").exists()]
+    left = [pid for pid in set(children(os.getpid())) - before if Path(f"/proc/{pid}").exists()]
     assert not left, f"processes left running: {left}"

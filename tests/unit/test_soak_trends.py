@@ -11,8 +11,6 @@ from bench.soak.trends import (
     lateness_window,
     noise,
     overall,
-    proc_stat_ppid,
-    proc_status_kb,
     render,
     slope,
     trend,
@@ -98,16 +96,6 @@ def test_the_overall_verdict_counts_gating_series_only() -> None:
 def test_unknown_kinds_are_refused() -> None:
     with pytest.raises(KeyError):
         trend("bogus/x", line(1.0, 0.0), warmup_s=0)
-
-
-def test_proc_status_fields_in_kb() -> None:
-    text = "Name:\tpostgres\nVmPeak:\t  222028 kB\nVmRSS:\t   23616 kB\nRssAnon:\t    3200 kB\nThreads:\t1\n"
-    fields = proc_status_kb(text)
-    assert fields == {"VmPeak": 222028, "VmRSS": 23616, "RssAnon": 3200}
-
-
-def test_proc_stat_ppid_counts_from_the_last_parenthesis() -> None:
-    assert proc_stat_ppid("4242 (postgres: soak (x) idle) S 4100 4100 4100 0 -1") == 4100
 
 
 def test_lateness_window() -> None:
