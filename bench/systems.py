@@ -34,7 +34,7 @@ from schedlock.core.logs import Event, records
 from schedlock.store.keys import LockKey
 from testbed import leaders
 from testbed.deliveries import DeliveryLog
-from testbed.procs import NamedProcess, die_with_parent, stat, status_kb, terminate
+from testbed.procs import NamedProcess, children, die_with_parent, stat, status_kb, terminate
 from testbed.sidecars import REPO, Deadline, ReceiverProcess, SidecarProcess
 from testbed.tools import tool
 
@@ -109,17 +109,7 @@ def cpu_seconds(pid: int) -> float | None:
 
 def postgres_cpu_seconds(postmaster: int) -> float:
     """CPU time of the postmaster and all its children (backends, background workers)."""
-    total = cpu_seconds(postmaster) or 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == postmaster:  # ppid
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(cpu_seconds(pid) or 0.0 for pid in [postmaster, *children(postmaster)])
 
 
 def acquired_at(log_path: Path, key: str, after: float) -> float | None:
