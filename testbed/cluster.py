@@ -236,20 +236,28 @@ class Cluster(StartStop):
 
     # ----------------------------------------------------------------- host claim
 
+    @classmethod
+    def reclaim_host(cls) -> bool:
+        """Refuse while a live cluster holds the host; undo a dead one's changes (a run killed
+        with its cluster up: pods, bridge, rules, sysctls). True if there was one to undo."""
+        if not HOST_REGISTRY.exists():
+            return False
+        owner = json.loads(HOST_REGISTRY.read_text())
+        if _owner(owner).alive():
+            raise ClusterBusy(
+                f"a schedlock test cluster already runs on this host (workdir "
+                f"{owner['workdir']}, pid {owner['pid']}); stop it first"
+            )
+        stale = Path(owner["workdir"])
+        if not cls.cleanup_stale(stale):
+            # Its workdir is gone: the copy of the capture in the registry still restores.
+            restore_host(HostState.from_json(owner["host"]), stale)
+            HOST_REGISTRY.unlink(missing_ok=True)
+        return True
+
     def _claim_host(self) -> None:
         """Refuse a second live cluster, clean up a dead one, then capture the host state."""
-        if HOST_REGISTRY.exists():
-            owner = json.loads(HOST_REGISTRY.read_text())
-            if _owner(owner).alive():
-                raise ClusterBusy(
-                    f"a schedlock test cluster already runs on this host (workdir "
-                    f"{owner['workdir']}, pid {owner['pid']}); stop it first"
-                )
-            stale = Path(owner["workdir"])
-            if not Cluster.cleanup_stale(stale):
-                # Its workdir is gone: the copy of the capture in the registry still restores.
-                restore_host(HostState.from_json(owner["host"]), stale)
-                HOST_REGISTRY.unlink(missing_ok=True)
+        Cluster.reclaim_host()
         Cluster.cleanup_stale(self.workdir)
         state = {
             "workdir": str(self.workdir),

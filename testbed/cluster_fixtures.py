@@ -67,17 +67,18 @@ def cluster_namespace(cluster: Cluster) -> Iterator[str]:
 
 @pytest.fixture
 def cluster_free_host() -> Iterator[None]:
-    """No cluster runs on the host during the test; the session one comes back after it."""
+    """No cluster runs on the host during the test, and none left its changes behind (a run
+    killed with its cluster up, on a machine CI shares); the session one comes back after."""
     require_node_prerequisites()
     session = _SESSION.get("cluster")
-    if session is None:
-        yield
-        return
-    session.stop()
+    if session is not None:
+        session.stop()
     try:
+        Cluster.reclaim_host()
         yield
     finally:
-        session.start()
+        if session is not None:
+            session.start()
 
 
 CLUSTER_TESTS = Path(__file__).resolve().parents[1] / "tests" / "cluster"

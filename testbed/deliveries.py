@@ -84,6 +84,15 @@ class Delivery:
         }
 
 
+def complete_records(data: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """The JSON lines of DATA that are whole, and the tail of a line still being written.
+
+    A reader racing the receiver's append can see a line cut anywhere (a regular file's read
+    is not atomic against a write); that tail is left for the next read, never parsed."""
+    *lines, partial = data.split(b"\n")
+    return [json.loads(line) for line in lines if line.strip()], partial
+
+
 class DeliveryLog:
     """Tails ``deliveries.jsonl``: ``refresh()`` parses only what was appended since last time."""
 
@@ -107,9 +116,8 @@ class DeliveryLog:
         except FileNotFoundError:
             return []
         self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()  # a line still being written
-        new = [Delivery.from_receiver(json.loads(x)) for x in lines if x.strip()]
+        records, self._partial = complete_records(self._partial + chunk)
+        new = [Delivery.from_receiver(record) for record in records]
         self.entries.extend(new)
         return new
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from schedlock.store import LockKey
+from testbed.deliveries import complete_records
 from testbed.leaders import leader
 from testbed.pg import free_port
 from testbed.procs import NamedProcess, die_with_parent, terminate
@@ -138,8 +139,8 @@ class ReceiverProcess:
         return self
 
     def entries(self) -> list[dict[str, Any]]:
-        lines = self.log_path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        """Every delivery so far (a line still being written is left out)."""
+        return complete_records(self.log_path.read_bytes())[0]
 
     def control(self, **settings: Any) -> None:
         request = urllib.request.Request(
