@@ -140,6 +140,18 @@ def wait_fired(group: SidecarGroup, holders: str, since: float, rows: int = 10) 
         )
 
 
+def old_fleet_firing(group: SidecarGroup, old: str, url: str, stream: RowStream, name: str) -> None:
+    """Three sidecars of the ``old`` release ready, its schedule ``name`` and the row stream
+    firing through them."""
+    for i in range(3):
+        group.add(f"old-{i}", program=old)
+    for sidecar in group:
+        sidecar.wait_ready()
+    run(old, url, "schedule", "--target", "demo", "--cron", EVERY, "--name", name)
+    stream.start()
+    wait_fired(group, "old", since=0.0)
+
+
 def in_flight(group: SidecarGroup, leader: SidecarProcess) -> None:
     """Make the app slow (it answers after half a second) until ``leader`` has deliveries in
     flight: killed now, it leaves them ``firing`` for the next term to fire again."""
@@ -216,13 +228,7 @@ def test_upgrade_from_the_oldest_release_and_roll_back(
         # 1. The old release's schema, migrated by the old binary; its sidecars fire.
         run(old, database, "migrate", "--grant-sidecar", sidecar_role)
         assert schema(database) == old_schema
-        for i in range(3):
-            group.add(f"old-{i}", program=old)
-        for sidecar in group:
-            sidecar.wait_ready()
-        run(old, database, "schedule", "--target", "demo", "--cron", EVERY, "--name", "tick")
-        stream.start()
-        wait_fired(group, "old", since=0.0)
+        old_fleet_firing(group, old, database, stream, "tick")
 
         # 2. Today's migrate while they fire; they go on, on a schema the old binary refuses.
         applied = run(NEW, database, "migrate", "--grant-sidecar", sidecar_role)
@@ -383,13 +389,7 @@ def test_a_rolling_update_from_sessions_per_key_to_one_session_per_sidecar(
     stream = RowStream(migrated_database)
     killed: set[str] = set()
     try:
-        for i in range(3):
-            group.add(f"old-{i}", program=old)
-        for sidecar in group:
-            sidecar.wait_ready()
-        run(old, migrated_database, "schedule", "--target", "demo", "--cron", EVERY, "--name", "t")
-        stream.start()
-        wait_fired(group, "old", since=0.0)
+        old_fleet_firing(group, old, migrated_database, stream, "t")
         replaced_at = roll_over(group, killed)
         wait_fired(group, "new", since=replaced_at)
         assert leading(NEW, migrated_database) == dict.fromkeys(Scheduler, "new")
