@@ -272,6 +272,11 @@ class MemoryStore:
     async def upsert_schedule(self, spec: models.ScheduleSpec) -> models.UpsertResult:
         _not_kept("upsert_schedule")
 
+    async def upsert_many(
+        self, specs: Sequence[models.PublishSpec | models.ScheduleSpec]
+    ) -> list[models.UpsertResult]:
+        _not_kept("upsert_many")
+
     async def cancel_publish(self, uid: str) -> bool:
         _not_kept("cancel_publish")
 

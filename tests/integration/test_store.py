@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -701,3 +702,49 @@ def test_a_sidecar_role_granted_before_the_column_grants_works_until_granted_aga
     asyncio.run(owner.migrate(to=BEFORE_COLUMN_GRANTS))
     with psycopg.connect(as_role(database, sidecar), autocommit=True) as conn:
         assert conn.execute(rewrite, ("after",)).rowcount == 1
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+def test_upsert_many_writes_a_batch_per_transaction_and_a_bad_row_spoils_only_itself(
+    migrated_database: str, tmp_path: Path, dialect: str
+) -> None:
+    """The re-assertion's batch verb: every spec's result in order (a replayed generation
+    writes nothing), ``UPSERT_BATCH`` rows to a transaction (on PostgreSQL: the rows of a
+    batch share their inserting transaction, ``xmin``); a row the database refuses (a payload
+    over the bound) fails alone: the rest of its batch is written, then its error raised."""
+    from schedlock.store.errors import StoreError
+    from schedlock.store.verbs import UPSERT_BATCH
+
+    url = migrated_database if dialect == "postgres" else f"sqlite:///{tmp_path / 'm.db'}"
+    store = open_store(url)
+    count = UPSERT_BATCH * 2 + 10
+    schedule = ScheduleSpec(
+        namespace="default", name="s", uid="sched", target="demo", expression="@every 1m"
+    )
+    too_big = dataclasses.replace(spec("big"), payload={"blob": "x" * 20_000})
+
+    async def run() -> None:
+        if dialect == "sqlite":
+            await store.migrate()
+        await store.upsert_publish(spec("p-0"))
+        specs = [spec(f"p-{i}") for i in range(count)]
+        results = await store.upsert_many([*specs[:5], schedule, *specs[5:]])
+        assert len(results) == count + 1
+        assert results[0].id is None  # p-0's generation was there already
+        assert all(r.inserted for r in results[1:])
+        assert results[5].state == "active" and results[6].state == "scheduled"
+        assert await store.get_schedule("sched") is not None
+        versions = await store.row_versions([s.uid for s in specs])
+        assert len(versions) == count
+        with pytest.raises(StoreError, match="16384 bytes"):
+            await store.upsert_many([spec("a"), too_big, spec("b", generation=2)])
+        assert {v.uid for v in await store.row_versions(["a", "b", "big"])} == {"a", "b"}
+
+    asyncio.run(run())
+    if dialect == "postgres":
+        with psycopg.connect(migrated_database) as conn:
+            rows = conn.execute(
+                "SELECT count(DISTINCT xmin::text) FROM schedlock_publishes WHERE uid LIKE 'p-%'"
+            ).fetchone()
+        # p-0 alone, then count - 1 new rows (and the schedule) in batches of UPSERT_BATCH
+        assert rows is not None and rows[0] == 1 + -(-count // UPSERT_BATCH)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +17,13 @@ from schedlock.operator.reassert import (
     upsert_rule,
 )
 from schedlock.operator.settings import OperatorSettings
-from schedlock.store import PublishSpec, RecordedOutcome, RowVersion, ScheduleSpec
+from schedlock.store import (
+    PublishSpec,
+    RecordedOutcome,
+    RowVersion,
+    ScheduleSpec,
+    UpsertResult,
+)
 from testbed.memory_store import DB_EPOCH, MemoryStore, publish_record
 from testbed.virtual_time import run
 
@@ -200,3 +207,39 @@ def test_objects_whose_rows_agree_are_compared_without_mapping_them(monkeypatch:
     rows = [row("a"), row("b", state="published"), RowVersion("schedule", "c", 1, "active")]
     assert plan([*agreeing, obj("lost")], rows).compared == 4
     assert mapped == ["lost"]
+
+
+class WritesRecorded(MemoryStore):
+    """Keeps no rows: records what a pass writes, through which verb."""
+
+    def __init__(self, during_write: Callable[[], None]) -> None:
+        super().__init__()
+        self.during_write = during_write
+        self.batches: list[list[str]] = []
+        self.cancelled: list[str] = []
+
+    async def upsert_many(self, specs: Sequence[PublishSpec | ScheduleSpec]) -> list[UpsertResult]:
+        self.batches.append([s.uid for s in specs])
+        self.during_write()
+        return [UpsertResult(id=i, state="scheduled", inserted=True) for i, _ in enumerate(specs)]
+
+    async def cancel_publish(self, uid: str) -> bool:
+        self.cancelled.append(uid)
+        return True
+
+    async def cancel_schedule(self, uid: str) -> int:
+        self.cancelled.append(uid)
+        return 1
+
+
+def test_a_pass_writes_every_lost_row_in_one_call_and_none_of_a_deleted_object() -> None:
+    """Lost rows go to the store in one ``upsert_many`` (batched there: one round trip per
+    batch), not one upsert each; an object deleted before the write is skipped, one deleted
+    during it has its row cancelled again."""
+    gone = {"deleted-before"}
+    store = WritesRecorded(during_write=lambda: gone.add("b"))  # b: deleted while written
+    lost = [obj("a"), obj("b"), obj("c", schedule="@every 1m"), obj("deleted-before")]
+    reasserter = Reasserter(store, lambda: lost, interval=60, wanted=lambda uid: uid not in gone)
+    result = run(reasserter.once())
+    assert store.batches == [["a", "b", "c"]]
+    assert result.upserted == 3 and store.cancelled == ["b"]

@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
 
@@ -979,6 +979,27 @@ class PostgresSession:
 
     async def fetch(self, name: str, params: Params) -> list[Row]:
         return (await self._query(name, params))[0]
+
+    async def fetch_each(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Each named query once, in one transaction: the statements of one name go as one
+        ``executemany`` (a pipeline: one round trip, the query prepared once), and a statement
+        that fails rolls every one back.  Each statement's rows, in the order given."""
+        return await _guard(self._pipelined(queries))
+
+    async def _pipelined(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        positions: dict[str, list[int]] = {}
+        for position, (name, _) in enumerate(queries):
+            positions.setdefault(name, []).append(position)
+        found: list[list[Row]] = [[] for _ in queries]
+        async with self.conn.transaction():
+            for name, where in positions.items():
+                cursor = self.conn.cursor()
+                params = [CODEC.encode(queries[i][1]) for i in where]
+                await cursor.executemany(Q[name], params, returning=True)
+                for i in where:
+                    found[i] = [*await cursor.fetchall()] if cursor.description else []
+                    cursor.nextset()
+        return found
 
     async def execute(self, name: str, params: Params) -> int:
         return (await self._query(name, params))[1]

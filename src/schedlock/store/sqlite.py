@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -142,6 +142,11 @@ class SqliteSession:
 
     async def fetch(self, name: str, params: Params) -> list[Row]:
         return (await self._query(name, params))[0]
+
+    async def fetch_each(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Each named query once, in one transaction."""
+        async with self.transaction():
+            return [await self.fetch(name, params) for name, params in queries]
 
     async def execute(self, name: str, params: Params) -> int:
         return (await self._query(name, params))[1]

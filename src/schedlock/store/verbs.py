@@ -23,8 +23,10 @@ from schedlock.store import models
 from schedlock.store.contract import Maintenance, Sessions
 from schedlock.store.errors import (
     LeadershipLost,
+    SchemaError,
     SchemaNotCurrent,
     StoreError,
+    StoreUnavailable,
     schema_too_new,
 )
 from schedlock.store.keys import (
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("schedlock.store")
 M = TypeVar("M")
+# Rows written per transaction by upsert_many (on PostgreSQL one pipeline: one round trip).
+UPSERT_BATCH = 500
 # The sweep re-reads this far behind the database clock: a row whose statement began before
 # now() may commit after it (re-reading is harmless, syncing is idempotent).
 SWEEP_OVERLAP = timedelta(seconds=5)
@@ -65,6 +69,7 @@ class Session(Protocol):
     """One connection of a connector, running named queries (parameters by name)."""
 
     async def fetch(self, name: str, params: Params) -> list[Row]: ...
+    async def fetch_each(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]: ...
     async def execute(self, name: str, params: Params) -> int: ...
     async def run_sql(self, statement: str) -> None: ...
     def transaction(self) -> AbstractAsyncContextManager[None]: ...
@@ -219,6 +224,18 @@ class LockVerbs:
             raise self._superseded(term)
 
 
+def _upsert_query(spec: models.PublishSpec | models.ScheduleSpec) -> tuple[str, Params]:
+    name = "upsert_publish" if isinstance(spec, models.PublishSpec) else "upsert_schedule"
+    return name, fields_of(spec)
+
+
+def _upsert_result(rows: list[Row], codec: Codec) -> models.UpsertResult:
+    """An upsert's answer: the row written, or none (this generation was already there)."""
+    if not rows:
+        return models.UpsertResult(id=None, state=None, inserted=False)
+    return from_row(models.UpsertResult, rows[0], codec)
+
+
 class SqlStore:
     """The :class:`schedlock.store.Store` of either dialect: admin verbs and status reads over
     one connector, whose sessions, roles and closing (``Sessions``) it offers as they are."""
@@ -249,8 +266,7 @@ class SqlStore:
         return found[0] if found else None
 
     async def _upsert(self, name: str, params: Params) -> models.UpsertResult:
-        found = await self._models(models.UpsertResult, name, params)
-        return found[0] if found else models.UpsertResult(id=None, state=None, inserted=False)
+        return _upsert_result(await self._fetch(name, params), self.codec)
 
     # -- schema ---------------------------------------------------------------------------------
 
@@ -323,6 +339,44 @@ class SqlStore:
 
     async def upsert_schedule(self, spec: models.ScheduleSpec) -> models.UpsertResult:
         return await self._upsert("upsert_schedule", fields_of(spec))
+
+    async def upsert_many(
+        self, specs: Sequence[models.PublishSpec | models.ScheduleSpec]
+    ) -> list[models.UpsertResult]:
+        """``upsert_publish`` / ``upsert_schedule`` of every spec, results in order:
+        ``UPSERT_BATCH`` rows to a transaction, sent as one pipeline on PostgreSQL (one round
+        trip, not one per row).  A batch that one row's data fails (a constraint, a namespace
+        not served) is written again row by row: the other rows land, and the first row error
+        is raised after all were tried, as the single verbs would have it."""
+        results: list[models.UpsertResult] = []
+        for start in range(0, len(specs), UPSERT_BATCH):
+            batch = specs[start : start + UPSERT_BATCH]
+            try:
+                async with self.connector.session() as session:
+                    found = await session.fetch_each([_upsert_query(s) for s in batch])
+            except (StoreUnavailable, SchemaError):
+                raise
+            except StoreError:
+                results.extend(await self._upsert_one_by_one(batch))
+                continue
+            results.extend(_upsert_result(rows, self.codec) for rows in found)
+        return results
+
+    async def _upsert_one_by_one(
+        self, specs: Sequence[models.PublishSpec | models.ScheduleSpec]
+    ) -> list[models.UpsertResult]:
+        results: list[models.UpsertResult] = []
+        first: StoreError | None = None
+        for spec in specs:
+            try:
+                results.append(await self._upsert(*_upsert_query(spec)))
+            except (StoreUnavailable, SchemaError):
+                raise
+            except StoreError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+        return results
 
     async def restore_publish(
         self, spec: models.PublishSpec, outcome: models.RecordedOutcome
