@@ -282,9 +282,9 @@ class Reasserter:
             await self._cancel_if_deleted(spec)
             return 0 if result.id is None else 1
 
-        # Missing or older rows in batches (Store.upsert_many: one round trip per batch on
-        # PostgreSQL, where one upsert each made a pass that found every row lost take 13 s
-        # at 11,000 objects); the few terminal restores one by one.
+        # Missing or older rows in batches (Store.upsert_many: not a round trip per row, which
+        # a pass that finds every row lost would otherwise pay); the few terminal restores one
+        # by one.
         upserts = [spec for spec in todo.upserts if self.wanted(spec.uid)]
         try:
             written = await self.store.upsert_many(upserts) if upserts else []

@@ -26,8 +26,10 @@ from schedlock.store import (
     Store,
     open_store,
 )
+from schedlock.store.errors import StoreError
 from schedlock.store.keys import SCHEDLOCK_CLASS_ID
 from schedlock.store.migrations import migrations
+from schedlock.store.verbs import UPSERT_BATCH
 from testbed.pg_fixtures import PostgresService
 from testbed.schemas import pg_schema, sqlite_schema
 from testbed.sidecars import wait_for
@@ -712,9 +714,6 @@ def test_upsert_many_writes_a_batch_per_transaction_and_a_bad_row_spoils_only_it
     writes nothing), ``UPSERT_BATCH`` rows to a transaction (on PostgreSQL: the rows of a
     batch share their inserting transaction, ``xmin``); a row the database refuses (a payload
     over the bound) fails alone: the rest of its batch is written, then its error raised."""
-    from schedlock.store.errors import StoreError
-    from schedlock.store.verbs import UPSERT_BATCH
-
     url = migrated_database if dialect == "postgres" else f"sqlite:///{tmp_path / 'm.db'}"
     store = open_store(url)
     count = UPSERT_BATCH * 2 + 10

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("schedlock.store")
 M = TypeVar("M")
-# Rows written per transaction by upsert_many (on PostgreSQL one pipeline: one round trip).
+# Rows written per transaction by upsert_many (on PostgreSQL one executemany pipeline per
+# query of the batch, not a round trip per row).
 UPSERT_BATCH = 500
 # The sweep re-reads this far behind the database clock: a row whose statement began before
 # now() may commit after it (re-reading is harmless, syncing is idempotent).
@@ -229,6 +230,12 @@ def _upsert_query(spec: models.PublishSpec | models.ScheduleSpec) -> tuple[str, 
     return name, fields_of(spec)
 
 
+def _a_rows_own(error: StoreError) -> bool:
+    """Whether an upsert's error may be its row's alone (its data refused), not the
+    database's or the schema's: only then are the other rows worth writing."""
+    return not isinstance(error, (StoreUnavailable, SchemaError))
+
+
 def _upsert_result(rows: list[Row], codec: Codec) -> models.UpsertResult:
     """An upsert's answer: the row written, or none (this generation was already there)."""
     if not rows:
@@ -344,19 +351,20 @@ class SqlStore:
         self, specs: Sequence[models.PublishSpec | models.ScheduleSpec]
     ) -> list[models.UpsertResult]:
         """``upsert_publish`` / ``upsert_schedule`` of every spec, results in order:
-        ``UPSERT_BATCH`` rows to a transaction, sent as one pipeline on PostgreSQL (one round
-        trip, not one per row).  A batch that one row's data fails (a constraint, a namespace
-        not served) is written again row by row: the other rows land, and the first row error
-        is raised after all were tried, as the single verbs would have it."""
+        ``UPSERT_BATCH`` rows to a transaction, each query's statements sent as one
+        ``executemany`` pipeline on PostgreSQL (not a round trip per row).  A batch that one
+        row's data fails (a constraint, a namespace not served) is written again row by row:
+        the other rows land, and the first row error is raised after all were tried, as the
+        single verbs would have it."""
         results: list[models.UpsertResult] = []
         for start in range(0, len(specs), UPSERT_BATCH):
             batch = specs[start : start + UPSERT_BATCH]
             try:
                 async with self.connector.session() as session:
                     found = await session.fetch_each([_upsert_query(s) for s in batch])
-            except (StoreUnavailable, SchemaError):
-                raise
-            except StoreError:
+            except StoreError as error:
+                if not _a_rows_own(error):
+                    raise
                 results.extend(await self._upsert_one_by_one(batch))
                 continue
             results.extend(_upsert_result(rows, self.codec) for rows in found)
@@ -370,10 +378,10 @@ class SqlStore:
         for spec in specs:
             try:
                 results.append(await self._upsert(*_upsert_query(spec)))
-            except (StoreUnavailable, SchemaError):
-                raise
-            except StoreError as exc:
-                first = first or exc
+            except StoreError as error:
+                if not _a_rows_own(error):
+                    raise
+                first = first or error
         if first is not None:
             raise first
         return results
