@@ -394,19 +394,27 @@ def test_a_rolling_update_from_sessions_per_key_to_one_session_per_sidecar(
         wait_fired(group, "new", since=replaced_at)
         assert leading(NEW, migrated_database) == dict.fromkeys(Scheduler, "new")
         # One session per new sidecar: the leader holds both keys on one, a standby waits on
-        # one, the third is a reserve with none.
-        news = [s for s in group if s.alive()]
-        counts = sorted(
-            int(
+        # one, the third is a reserve with none (but for a moment at each of its turns, every
+        # 5 s, as a leader's pruning pass has one of its own): awaited, not one snapshot.
+        news = [s.name for s in group if s.alive()]
+        samples: list[list[int]] = []
+
+        def settled_on_one_each() -> bool:
+            rows = dict(
                 fetch(
                     migrated_database,
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                    s.name,
-                )[0][0]
+                    "SELECT application_name, count(*) FROM pg_stat_activity "
+                    "WHERE application_name = ANY(%s) GROUP BY application_name",
+                    news,
+                )
             )
-            for s in news
-        )
-        assert counts == [0, 1, 1], counts
+            samples.append(sorted(int(rows.get(name, 0)) for name in news))
+            return samples[-1] == [0, 1, 1]
+
+        try:
+            wait_for(settled_on_one_each, timeout=15, interval=0.2, what="one session each")
+        except TimeoutError:
+            raise AssertionError(f"sessions per new sidecar: {samples[-10:]}") from None
         uids = stream.stop()
         check_everything(group, migrated_database, uids, killed, frozenset({"old", "new"}))
     finally:
