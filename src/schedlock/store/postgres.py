@@ -993,12 +993,12 @@ class PostgresSession:
         found: list[list[Row]] = [[] for _ in queries]
         async with self.conn.transaction():
             for name, where in positions.items():
-                cursor = self.conn.cursor()
-                params = [CODEC.encode(queries[i][1]) for i in where]
-                await cursor.executemany(Q[name], params, returning=True)
-                for i in where:
-                    found[i] = [*await cursor.fetchall()] if cursor.description else []
-                    cursor.nextset()
+                async with self.conn.cursor() as cursor:
+                    params = [CODEC.encode(queries[i][1]) for i in where]
+                    await cursor.executemany(Q[name], params, returning=True)
+                    for i in where:
+                        found[i] = [*await cursor.fetchall()] if cursor.description else []
+                        cursor.nextset()
         return found
 
     async def execute(self, name: str, params: Params) -> int:
