@@ -26,7 +26,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from schedlock.core.aio import Companion, RateLimit, TaskSet, now, sleep_unless
+from schedlock.core.aio import Companion, RateLimit, TaskSet, now, sleep_unless, utcnow
 from schedlock.core.identities import Scheduler, slot_uid
 from schedlock.core.logs import Event
 from schedlock.core.scheduling import (
@@ -189,7 +189,7 @@ class _Term:
             self.slot_freed.clear()
             claim = await self.session.claim_due(self.term, limit)
             self._dispatch(claim.rows)
-            self.firer.metrics.last_tick.labels(*self.labels).set_to_current_time()
+            self.firer.metrics.last_tick.labels(*self.labels).set(utcnow().timestamp())
             if limit > 0 and len(claim.rows) == limit:
                 continue  # more may be due right now
             if limit == 0:

@@ -553,7 +553,7 @@ class Elector:
         self.metrics.leader.labels(*labels).set(1)
         self.metrics.term.labels(*labels).set(start.term)
         self.metrics.transitions.labels(*labels, "acquired").inc()
-        self.metrics.last_tick.labels(*labels).set_to_current_time()
+        self.metrics.last_tick.labels(*labels).set(utcnow().timestamp())
         if start.gap_seconds is not None and start.term > 1:
             self.metrics.handover_gap.labels(*labels).observe(max(0.0, start.gap_seconds))
         gap = start.gap_seconds
@@ -586,7 +586,7 @@ class Elector:
             labels = _labels(leadership.key)
             self.metrics.backlog.labels(*labels).set(beat.backlog)
             self.metrics.oldest_due_age.labels(*labels).set(beat.oldest_due_age or 0.0)
-            self.metrics.last_tick.labels(*labels).set_to_current_time()
+            self.metrics.last_tick.labels(*labels).set(utcnow().timestamp())
 
 
 def _labels(key: LockKey) -> tuple[str, str, str]:

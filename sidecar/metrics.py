@@ -1,4 +1,5 @@
-"""Prometheus metrics on an explicit registry (tests read it; nothing global is touched).
+"""The sidecar's Prometheus metrics, on an explicit registry (tests read it; nothing global is
+touched; ``schedlock.core.metrics`` writes them).
 
 Labels are bounded: ``scheduler`` (publish|recurring), ``namespace`` and ``target`` of the
 lock key, ``outcome`` and ``role`` from fixed sets.
@@ -8,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-
 from schedlock import __version__
+from schedlock.core.metrics import Counter, Gauge, Histogram, Info, Registry
 from schedlock.store.retention import FINISHED_STATES, TABLES, PassReport
 
 KEY_LABELS = ("scheduler", "namespace", "target")
@@ -22,8 +22,8 @@ GAP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 
 
 
 class SidecarMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.registry = registry or Registry()
         r = self.registry
         self.leader = Gauge(
             "schedlock_leader",
@@ -154,8 +154,9 @@ class SidecarMetrics:
             ("table",),
             registry=r,
         )
-        self.build = Info("schedlock_build", "Build information.", registry=r)
-        self.build.info({"version": __version__})
+        self.build = Info(
+            "schedlock_build", "Build information.", {"version": __version__}, registry=r
+        )
 
     def init_key(self, scheduler: str, namespace: str, target: str) -> None:
         """Export every series of a key from the start, so absent means a dead exporter."""

@@ -122,12 +122,11 @@ def test_thresholds_match_the_exported_metrics() -> None:
     metrics.init_history(retention_by_state(RetentionPolicy()))
     # Table sizes exist once a pruning attempt looked at them.
     metrics.observe_pass(PassReport("pod", won=False, stats=HistoryStats(publishes_bytes=8192)))
-    samples = {s.name for family in metrics.registry.collect() for s in family.samples}
+    samples = {name for name, _, _ in metrics.registry.samples()}
     buckets = {
-        s.labels["le"]
-        for family in metrics.registry.collect()
-        for s in family.samples
-        if s.name == "schedlock_handover_gap_seconds_bucket"
+        labels["le"]
+        for name, labels, _ in metrics.registry.samples()
+        if name == "schedlock_handover_gap_seconds_bucket"
     }
     (handover,) = (a for a in alerts.ALERTS if a.name == "SchedlockHandoverGapHigh")
     (bound,) = (b for b in buckets if b != "+Inf" and float(b) == alerts.HANDOVER_GAP_SECONDS)

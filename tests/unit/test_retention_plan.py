@@ -238,9 +238,8 @@ def test_a_pass_report_feeds_the_sidecar_metrics() -> None:
     metrics.count_pruned("publishes", 40)
     metrics.observe_pass(report)
     samples: dict[str, Any] = {
-        f"{s.name}{sorted(s.labels.items())}": s.value
-        for family in metrics.registry.collect()
-        for s in family.samples
+        f"{name}{sorted(labels.items())}": value
+        for name, labels, value in metrics.registry.samples()
     }
     assert samples["schedlock_history_pruned_rows_total[('table', 'publishes')]"] == 80
     assert samples["schedlock_history_pruned_rows_total[('table', 'terms')]"] == 0
