@@ -13,11 +13,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schedlock.core.metrics import Registry
 from schedlock.store import LockKey
 from testbed.deliveries import complete_records
 from testbed.leaders import leader
@@ -76,6 +77,15 @@ def parse_metrics(text: str) -> dict[str, float]:
             with contextlib.suppress(ValueError):
                 values[name] = float(value)
     return values
+
+
+def sample_value(
+    registry: Registry, name: str, labels: Mapping[str, str] | None = None
+) -> float | None:
+    """One sample of an in-process sidecar's metrics (None when there is no such series)."""
+    wanted = dict(labels or {})
+    found = (v for sample, got, v in registry.samples() if sample == name and got == wanted)
+    return next(found, None)
 
 
 _stand_in_app: socketserver.ThreadingTCPServer | None = None

@@ -36,6 +36,7 @@ from schedlock.sidecar.target import (
 )
 from schedlock.store import FireRow
 from testbed.memory_store import KEY, MemoryApp, MemorySession, MemoryStore
+from testbed.sidecars import sample_value
 
 TWO_TWO = Thresholds(failures=2, successes=2)
 
@@ -344,7 +345,7 @@ def reachable_watch_of_a_closed_port() -> TargetWatch:
 
 
 def gauge(metrics: SidecarMetrics) -> float | None:
-    return metrics.registry.get_sample_value("schedlock_target_up")
+    return sample_value(metrics.registry, "schedlock_target_up")
 
 
 async def test_the_watch_follows_the_app_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
@@ -449,8 +450,10 @@ class Subject:
         self.server.unlock(self.other, released=True)
 
     def leader_gauge(self) -> float | None:
-        return self.elector.metrics.registry.get_sample_value(
-            "schedlock_leader", {"scheduler": "publish", "namespace": "default", "target": "demo"}
+        return sample_value(
+            self.elector.metrics.registry,
+            "schedlock_leader",
+            {"scheduler": "publish", "namespace": "default", "target": "demo"},
         )
 
 
@@ -515,7 +518,8 @@ async def test_a_leader_whose_app_goes_away_ends_its_term_and_unlocks() -> None:
         assert it.worked == ["term:1", "ended"]
         assert it.steps()[-2:] == ["release:1", "close"], "a checked unlock, not a dropped session"
         assert it.leader_gauge() == 0
-        released = it.elector.metrics.registry.get_sample_value(
+        released = sample_value(
+            it.elector.metrics.registry,
             "schedlock_leadership_transitions_total",
             {
                 "scheduler": "publish",

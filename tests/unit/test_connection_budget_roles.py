@@ -33,6 +33,7 @@ from schedlock.sidecar.reserve import (
 )
 from schedlock.store import LeadershipLost
 from testbed.memory_store import KEY, MemoryApp, MemorySession, MemoryStore
+from testbed.sidecars import sample_value
 from testbed.virtual_time import quiet, run
 
 INTERVAL = 5.0
@@ -95,7 +96,8 @@ class Replica:
         return self.elector.role
 
     def gauge(self, role: str) -> float | None:
-        return self.elector.metrics.registry.get_sample_value(
+        return sample_value(
+            self.elector.metrics.registry,
             "schedlock_role",
             {"scheduler": "publish", "namespace": "default", "target": "demo", "role": role},
         )
@@ -217,7 +219,7 @@ async def test_sessions_are_bounded_by_one_plus_standbys(fleet: Fleet) -> None:
     )
     leader = fleet.with_role(Role.LEADING)[0]
     assert leader.gauge("leader") == 1
-    sessions = leader.elector.metrics.registry.get_sample_value("schedlock_database_sessions")
+    sessions = sample_value(leader.elector.metrics.registry, "schedlock_database_sessions")
     assert sessions == 1
 
 
@@ -326,8 +328,8 @@ async def test_refused_connections_back_off_with_jitter_and_say_so(fleet: Fleet)
             before = fleet.db.refusals
     assert reserve.role is Role.RESERVE and reserve.elector.refused
     assert "too many clients" in (reserve.elector.refused or "")
-    refused = reserve.elector.metrics.registry.get_sample_value(
-        "schedlock_database_connections_refused_total"
+    refused = sample_value(
+        reserve.elector.metrics.registry, "schedlock_database_connections_refused_total"
     )
     assert refused is not None and refused >= 2
     gaps = [b - a for a, b in itertools.pairwise(attempts)]

@@ -22,6 +22,7 @@ from schedlock.sidecar.lock import Elector, Leadership, Role
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.store import ForeignHolder, UnlockFailed
 from testbed.memory_store import KEY, MemoryApp, MemorySession, MemoryStore
+from testbed.sidecars import sample_value
 from testbed.virtual_time import run
 
 TIMINGS = LeaseTimings(10.0)
@@ -40,10 +41,10 @@ class Replica:
     roles: list[tuple[Role, float]]  # each role taken, and the virtual time it was taken
 
     def metric(self, name: str, **labels: str) -> float | None:
-        return self.elector.metrics.registry.get_sample_value(name, {**LABELS, **labels})
+        return sample_value(self.elector.metrics.registry, name, {**LABELS, **labels})
 
     def database_up(self) -> float | None:
-        return self.elector.metrics.registry.get_sample_value("schedlock_database_up")
+        return sample_value(self.elector.metrics.registry, "schedlock_database_up")
 
     def left_leading(self, after: float) -> float:
         """When this replica first stopped leading after ``after`` (virtual time)."""

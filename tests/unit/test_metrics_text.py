@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from schedlock.core import metrics
 from schedlock.sidecar.metrics import SidecarMetrics
 from schedlock.store.retention import FINISHED_STATES
+from testbed.sidecars import sample_value
 
 BUCKETS = (0.005, 0.25, 1, 15, 120)
 HELP = 'Help with a backslash \\ and a\nnewline and "quotes".'
@@ -116,8 +117,8 @@ def test_any_observations_and_label_values_give_the_reference_text(
 
 
 def test_the_sidecars_page_matches_the_reference_for_every_metric() -> None:
-    """Every metric of the sidecar, as ``SidecarMetrics`` defines it, is one the reference
-    writes the same way: its names, labels and help text are rebuilt there from our page."""
+    """The sidecar's own page (every family ``SidecarMetrics`` defines) is read back by the
+    reference's parser, with the types and samples it was written with."""
     sidecar = SidecarMetrics()
     sidecar.init_key(*KEY)
     sidecar.init_history(dict.fromkeys(FINISHED_STATES, 86400.0))
@@ -131,7 +132,8 @@ def test_the_sidecars_page_matches_the_reference_for_every_metric() -> None:
     assert parsed["schedlock_fires"].type == "counter"
     assert parsed["schedlock_fire_lateness_seconds"].type == "histogram"
     assert (
-        sidecar.registry.get_sample_value(
+        sample_value(
+            sidecar.registry,
             "schedlock_fire_lateness_seconds_bucket",
             {"scheduler": "publish", "namespace": "shop", "target": "bill", "le": "0.005"},
         )
@@ -174,9 +176,9 @@ def test_misuse_of_a_series_fails_and_changes_nothing() -> None:
     with pytest.raises(ValueError, match="defined twice"):
         metrics.Gauge("t_up", "Again.", registry=registry)
     assert registry.exposition() == before
-    assert registry.get_sample_value("t_fires_total", {"outcome": "published"}) == 2.0
-    assert registry.get_sample_value("t_up") == 0.0
-    assert registry.get_sample_value("t_up", {"x": "y"}) is None
+    assert sample_value(registry, "t_fires_total", {"outcome": "published"}) == 2.0
+    assert sample_value(registry, "t_up") == 0.0
+    assert sample_value(registry, "t_up", {"x": "y"}) is None
 
 
 @pytest.mark.parametrize(

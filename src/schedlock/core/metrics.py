@@ -83,14 +83,6 @@ class Registry:
         for metric in self._metrics.values():
             yield from metric.samples()
 
-    def get_sample_value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
-        """The value of one sample (None when there is no such series)."""
-        wanted = dict(labels or {})
-        for sample, found, value in self.samples():
-            if sample == name and found == wanted:
-                return value
-        return None
-
     def exposition(self) -> bytes:
         """The text a scrape gets."""
         lines: list[str] = []
@@ -171,10 +163,17 @@ class Metric(Generic[S]):
         return self._series[()]
 
 
-class GaugeSeries(Series):
+class _ValueSeries(Series):
+    """A series of one value (a gauge's or a counter's)."""
+
     def __init__(self) -> None:
         self.value = 0.0
 
+    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        yield "", {}, self.value
+
+
+class GaugeSeries(_ValueSeries):
     def set(self, value: float) -> None:
         self.value = float(value)
 
@@ -184,21 +183,12 @@ class GaugeSeries(Series):
     def dec(self, amount: float = 1) -> None:
         self.value -= amount
 
-    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
-        yield "", {}, self.value
 
-
-class CounterSeries(Series):
-    def __init__(self) -> None:
-        self.value = 0.0
-
+class CounterSeries(_ValueSeries):
     def inc(self, amount: float = 1) -> None:
         if amount < 0:
             raise ValueError(f"a counter only goes up: inc({amount:g})")
         self.value += amount
-
-    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
-        yield "", {}, self.value
 
 
 class HistogramSeries(Series):
