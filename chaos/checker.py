@@ -76,7 +76,7 @@ from chaos.plan import (
 )
 from schedlock.core.identities import Scheduler, parse_rfc3339, parse_slot_uid, scheduler_of
 from schedlock.core.logs import Event, records
-from testbed.deliveries import Delivery
+from testbed.deliveries import Delivery, complete_records
 
 UNPLANNED = "unplanned_stepdown"
 INJECTED_APP_STATUSES = frozenset({503, 504})
@@ -130,17 +130,28 @@ class RunData:
 # ------------------------------------------------------------------------------- loading
 
 
+class IncompleteRecords(ValueError):
+    """A finished run's record file does not hold whole records: no verdict is drawn from it."""
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every record of a finished run's JSON-lines file (none if it was never written).
+
+    Its writers (the receivers, the load, the fault runner) write a whole line at a time and
+    have stopped when the checker reads: a line that does not parse, or a last line cut short
+    (a writer killed mid-record), means the file lacks part of the run.  Skipping it could hide
+    a delivery, and with it a duplicate, so it is said instead."""
     if not path.exists():
         return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill: the receiver writes whole lines
-    return out
+    try:
+        records, tail = complete_records(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise IncompleteRecords(f"{path}: a line is not a JSON record ({exc})") from None
+    if tail.strip():
+        raise IncompleteRecords(
+            f"{path} ends inside a record ({tail[:60]!r}…): its writer stopped mid-line"
+        )
+    return records
 
 
 def _ts(text: str) -> float:

@@ -82,7 +82,11 @@ def run(config: ChaosConfig, rundir: Path, verdict_path: Path, keep: bool) -> in
     finally:
         stack.stop_sync()
         (rundir / "run.json").write_text(json.dumps(run_info, indent=1))
-    data = checker.load(rundir)
+    try:
+        data = checker.load(rundir)
+    except checker.IncompleteRecords as exc:
+        log(f"HARNESS ERROR: {exc}")
+        return 2
     verdict, report = checker.check(data)
     report["logged"] = checker.log_levels(rundir)
     report["wall_seconds"] = round(time.monotonic() - started, 1)
@@ -353,7 +357,11 @@ async def _dump(stack: Stack, rundir: Path, run_info: dict[str, Any]) -> None:
 
 
 def check_only(rundir: Path, verdict_path: Path) -> int:
-    data = checker.load(rundir)
+    try:
+        data = checker.load(rundir)
+    except checker.IncompleteRecords as exc:
+        print(f"chaos: no verdict: {exc}", file=sys.stderr)
+        return 2
     verdict, report = checker.check(data)
     report["logged"] = checker.log_levels(rundir)
     (rundir / "report.json").write_text(json.dumps(report, indent=1))

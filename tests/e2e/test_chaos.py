@@ -23,12 +23,15 @@ from chaos.checker import (
     MUST_BE_ZERO,
     VERDICT_KEYS,
     Fault,
+    IncompleteRecords,
     RunData,
     check,
+    load,
     sidecar_events,
 )
 from chaos.config import ChaosConfig
 from chaos.plan import ALL_KINDS, plan_faults
+from chaos.run import check_only
 from schedlock.core.identities import slot_uid
 from testbed.deliveries import Delivery
 
@@ -283,3 +286,36 @@ def test_checker_reads_leadership_changes_from_the_event_field(tmp_path: Path) -
     stepdowns, acquisitions = sidecar_events(tmp_path)
     assert acquisitions == [{"holder": "a-0", "ts": T0, "key": key, "term": 1}]
     assert stepdowns == [{"holder": "a-0", "ts": T0 + 10.5, "key": key, "error": None}]
+
+
+def test_checker_draws_no_verdict_from_a_record_file_cut_short_or_corrupt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run's record files are read whole once their writers have stopped: a line cut by a
+    killed writer, or a line that is not JSON, fails the check (exit 2, the file named), never
+    a verdict drawn without the delivery it may have held."""
+    run = {"config": CONFIG.to_json(), "t0": T0, "t_end": T0 + 60, "schedules": {}}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    deliveries = tmp_path / "receiver-a" / "deliveries.jsonl"
+    deliveries.parent.mkdir()
+    good = {
+        "uid": "r1", "key": "r1/due", "term": 1, "attempt": 1, "holder": "a-0",
+        "target": "alpha", "scheduledAt": "1970-01-12T13:46:40Z", "arrival": T0 + 1,
+        "status": 200,
+    }  # fmt: skip
+    whole = json.dumps(good) + "\n" + json.dumps({**good, "arrival": T0 + 2}) + "\n"
+    (tmp_path / "expected.jsonl").write_text(json.dumps({"kind": "row", "uid": "r1"}) + "\n")
+    deliveries.write_text(whole)
+    assert [e.arrival for e in load(tmp_path).entries] == [T0 + 1, T0 + 2]
+
+    deliveries.write_text(whole[:-10])  # the second record cut by a kill
+    with pytest.raises(IncompleteRecords, match="ends inside a record"):
+        load(tmp_path)
+    assert check_only(tmp_path, tmp_path / "verdict.json") == 2
+    assert "no verdict" in capsys.readouterr().err
+    assert not (tmp_path / "verdict.json").exists()
+
+    deliveries.write_text(whole)
+    (tmp_path / "faults.jsonl").write_text('{"kind": "kill", "start"\n')  # a whole line, not JSON
+    with pytest.raises(IncompleteRecords, match=r"faults\.jsonl: a line is not a JSON record"):
+        load(tmp_path)
