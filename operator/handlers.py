@@ -22,11 +22,13 @@ rule written down in ``schedlock.operator.reassert``).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
 import platform
 import sys
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -48,7 +50,7 @@ from schedlock.store import (
 
 log = logging.getLogger("schedlock.operator.inject")
 RETRIES = 20
-LIST_PAGE = 500  # objects per page of kopf's initial listing (settings.watching.chunk_size)
+LIST_PAGE = 500  # objects per page of a listing (kopf's: settings.watching.chunk_size; ours)
 # The deepest JSON the API server takes (Go's encoding/json refuses more than 10,000 levels),
 # so the deepest object kopf may have to read: a ScheduledPublish whose payload nests that
 # deep can be stored while the webhook is down (failurePolicy: Ignore).
@@ -113,31 +115,82 @@ def deep_objects_problem(depth: int = API_MAX_DEPTH) -> str | None:
 
 
 class ObjectIndex:
-    """Every ScheduledPublish the watch has seen, as kopf keeps it in memory (no API call).
+    """Every ScheduledPublish the operator knows of, in memory: what the status sync and the
+    re-assertion read instead of asking the API server per object.
 
-    kopf fills the index from the initial listing and every event, and drops deleted
-    objects; the startup handler hands us the live index.  Before that it is empty.
+    Two feeds.  kopf's watch events, through an event handler (:meth:`saw`): each replaces the
+    object's snapshot, and a deletion drops it.  And one paged listing of the operator's own
+    at start (:func:`list_into`, :meth:`listed`), which tells when the index holds every object
+    there is; kopf gives no such signal unless the operator uses ``kopf.index``, whose
+    guarantee costs every listed object a worker that waits, holding its event, for the whole
+    listing to be indexed (about 18 KB each: 180 MB at 10,000 objects, docs/performance.md,
+    ``operator_10k``).  The watch wins: the listing adds only objects the watch has not shown,
+    and never one the watch saw deleted, so a listing older than an event cannot undo it.
     """
 
     def __init__(self) -> None:
-        self.index: kopf.Index[str, dict[str, Any]] | None = None
+        self._objects: dict[str, dict[str, Any]] = {}
+        # uids the watch saw deleted, kept only until the listing is in (then no longer needed)
+        self._deleted: set[str] | None = set()
+        # set once the listing is in: from then on an object the index lacks does not exist
+        # (or the watch has not shown it yet, as for any object created after the listing)
+        self.complete = asyncio.Event()
+
+    def saw(self, body: Mapping[str, Any], deleted: bool) -> None:
+        """A watch event's object (kopf's listing or its watch): its snapshot from now on."""
+        uid = str(body["metadata"]["uid"])
+        if deleted:
+            self._objects.pop(uid, None)
+            if self._deleted is not None:
+                self._deleted.add(uid)
+        else:
+            self._objects[uid] = snapshot(body)
+
+    def listed(self, page: Iterable[Mapping[str, Any]]) -> None:
+        """A page of the operator's own listing: the objects the watch has not shown yet."""
+        deleted = self._deleted if self._deleted is not None else set()
+        for body in page:
+            uid = str(body["metadata"]["uid"])
+            if uid not in self._objects and uid not in deleted:
+                self._objects[uid] = snapshot(body)
+
+    def listing_done(self) -> None:
+        self._deleted = None
+        self.complete.set()
 
     def objects(self) -> list[dict[str, Any]]:
-        if self.index is None:
-            return []
-        return [obj for store in list(self.index.values()) for obj in store]
+        return list(self._objects.values())
 
     def get(self, uid: str) -> dict[str, Any] | None:
         """The object's latest snapshot (a new one after every watch event), None: not seen."""
-        if self.index is None or uid not in self.index:
-            return None
-        return next(iter(self.index[uid]), None)
+        return self._objects.get(uid)
 
     def wanted(self, uid: str) -> bool:
         """The object is still there and not being deleted."""
-        if self.index is None or uid not in self.index:
-            return False
-        return all(not (o["metadata"].get("deletionTimestamp")) for o in self.index[uid])
+        obj = self._objects.get(uid)
+        return obj is not None and not obj["metadata"].get("deletionTimestamp")
+
+
+ListPage = Callable[[str | None, str | None], Awaitable[tuple[list[dict[str, Any]], str | None]]]
+
+
+async def list_into(objects: ObjectIndex, list_page: ListPage, namespaces: Sequence[str]) -> int:
+    """Every object of ``namespaces`` (none: the whole cluster) into ``objects``, a page at a
+    time (``list_page(namespace, continue_token)`` -> the page's objects and the next token):
+    one page is in memory at once.  Then the index is complete.  A failed request fails the
+    whole listing (run again from the start, which the index takes as often as it comes).
+    Returns how many objects were listed."""
+    count = 0
+    for namespace in namespaces or (None,):
+        token: str | None = None
+        while True:
+            page, token = await list_page(namespace, token)
+            objects.listed(page)
+            count += len(page)
+            if not token:
+                break
+    objects.listing_done()
+    return count
 
 
 def held(body: kopf.Body, **_: Any) -> bool:
@@ -152,8 +205,8 @@ def unreconciled(body: kopf.Body, status: kopf.Status, **_: Any) -> bool:
     reconciled by an earlier run (its row written, or its outcome or invalid spec recorded):
     resuming it would cost a database round trip and a kopf handler run each, for nothing.
     Its row is checked by the re-assertion instead, for every object in one query, right after
-    kopf's initial listing (``schedlock.operator.process``): a row lost while the operator was
-    down comes back as before, without a per-object write for the others.
+    the operator's listing of the objects (``schedlock.operator.process``): a row lost while
+    the operator was down comes back as before, without a per-object write for the others.
     """
     observed = status.get("observedGeneration")
     current = int(body.meta.get("generation") or 1)
@@ -202,14 +255,12 @@ def build_registry(
     if objects is not None:
         watched = objects
 
-        # async: kopf runs a plain function in its thread pool, a hop per watch event
-        @kopf.index(*resource, registry=registry, id="scheduledpublishes")
-        async def index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-            return {str(body.meta["uid"]): snapshot(body)}
-
-        @kopf.on.startup(registry=registry, id="capture-index")
-        def capture(**kwargs: Any) -> None:
-            watched.index = kwargs["scheduledpublishes"]  # indices are passed by their id
+        # async: kopf runs a plain function in its thread pool, a hop per watch event.  kopf
+        # calls event handlers before the others, so an object is in the index before its
+        # create handler writes its row.
+        @kopf.on.event(*resource, registry=registry, id="index")
+        async def index(body: kopf.Body, type: str | None, **_: Any) -> None:
+            watched.saw(body, deleted=type == "DELETED")
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

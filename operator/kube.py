@@ -69,6 +69,32 @@ class Kube:
 
         return await asyncio.to_thread(call)
 
+    async def list_page(
+        self, namespace: str | None, token: str | None, limit: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the ScheduledPublish objects of ``namespace`` (None: every namespace)
+        from ``token`` on (None: the first): its objects and the next page's token (None: the
+        last page).  A token that expired (410) fails the listing, which then starts over."""
+
+        def call() -> tuple[list[dict[str, Any]], str | None]:
+            page: dict[str, Any] = {"limit": limit}
+            if token:
+                page["_continue"] = token
+            try:
+                if namespace is None:
+                    found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **page)
+                else:
+                    found = self.custom.list_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, **page
+                    )
+            except ApiException as exc:
+                where = namespace or "every namespace"
+                raise KubeError(f"list {PLURAL} in {where}: {exc.reason}", exc.status) from exc
+            listing = cast("dict[str, Any]", found)
+            return listing.get("items") or [], (listing.get("metadata") or {}).get("continue")
+
+        return await asyncio.to_thread(call)
+
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         def call() -> None:
             try:

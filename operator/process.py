@@ -12,23 +12,20 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import kopf
 
-from schedlock.core.aio import Supervisor, restart_backoff
+from schedlock.core.aio import Supervisor, now, restart_backoff
 from schedlock.core.httpio import CannotServe, serve
 from schedlock.core.logs import Event
 from schedlock.core.probes import health_routes
 from schedlock.core.settings import EXIT_BAD_SETTING, CommandError
-from schedlock.operator.crd import GROUP, PLURAL, VERSION
-from schedlock.operator.handlers import ObjectIndex, build_registry, configure
+from schedlock.operator.handlers import LIST_PAGE, ObjectIndex, build_registry, configure, list_into
 from schedlock.operator.kube import Kube
 from schedlock.operator.reassert import Reasserter
 from schedlock.operator.settings import OperatorSettings
 from schedlock.operator.sync import StatusSync
-from schedlock.operator.toggles import install as install_toggles
 from schedlock.store import (
     EVERY_NAMESPACE,
     NamespaceNotServed,
@@ -90,32 +87,6 @@ def signals_stop(stopping: asyncio.Event) -> Iterator[None]:
             loop.remove_signal_handler(sig)
 
 
-def signal_listed(
-    registry: kopf.OperatorRegistry,
-    listed: asyncio.Event,
-    then: Callable[[], None] = lambda: None,
-) -> None:
-    """Set ``listed`` (and call ``then`` once) at kopf's first resource callback: kopf fills
-    its indices from the initial listing before it calls any resource handler or filter (its
-    documented guarantee), so from then on an object its index lacks is gone (the status sync
-    skips its rows) and the index holds every object (the re-assertion's pass that stands in
-    for resuming the reconciled ones, ``handlers.unreconciled``)."""
-
-    def first_event(**_: Any) -> bool:
-        if not listed.is_set():
-            listed.set()
-            then()
-        return False  # a filter only: no handler runs, kopf logs nothing, no API call
-
-    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="listed", when=first_event)(
-        _never_called
-    )
-
-
-def _never_called(**_: Any) -> None:
-    """The ``listed`` signal's handler: its filter always says no."""
-
-
 async def run(settings: OperatorSettings) -> int:
     store = open_store(
         settings.database_url,
@@ -172,7 +143,6 @@ async def run_kopf(
 ) -> int:
     kopf_settings = kopf.OperatorSettings()
     configure(kopf_settings)
-    install_toggles()  # a restart with n objects: n wake-ups, not n² (schedlock.operator.toggles)
     if settings.webhook_enabled:
         kopf_settings.admission.server = kopf.WebhookServer(
             addr=settings.webhook_host,
@@ -195,17 +165,37 @@ async def run_kopf(
         report=readiness.report_writes,
     )
     watched = frozenset(settings.watch_namespaces)
+    kube = Kube()  # loads the client configuration at its first call, not here
     sync = StatusSync(
         store,
-        Kube(),  # loads the client configuration at its first call, not here
+        kube,
         sweep_seconds=settings.sweep_seconds,
         holder=settings.holder_name,
         catch_up_seconds=settings.sync_catch_up_seconds,
         known=objects.get,  # the status in the API, from the watch: no GET per outcome
+        listed=objects.complete,
         covers=lambda namespace: not watched or namespace in watched,
         lost=reasserter.wake,  # a row that lost its outcome: restore it now
     )
-    signal_listed(registry, sync.listed, then=reasserter.wake)
+
+    async def list_objects() -> None:
+        """The listing that completes the index; then the sync and the re-assertion start."""
+        started = now()
+        count = await list_into(
+            objects,
+            lambda namespace, token: kube.list_page(namespace, token, LIST_PAGE),
+            settings.watch_namespaces,
+        )
+        log.info(
+            "listed the objects",
+            extra={
+                "event": Event.OBJECTS_LISTED,
+                "objects": count,
+                "seconds": round(now() - started, 3),
+            },
+        )
+        reasserter.wake()
+
     # The operator contends for the pruning lease like the sidecars, on one of its pool's
     # sessions for a pass (schedlock.store.retention); it exports no metrics, the sidecars do.
     pruner = Pruner(store, f"{settings.holder_name}-operator", RetentionPolicy.of(settings))
@@ -230,6 +220,7 @@ async def run_kopf(
             logger=log,
         ) as tasks:
             readiness.tasks = tasks
+            tasks.supervise("list-objects", list_objects, restart_backoff())
             tasks.supervise("status-sync", lambda: sync.run(stopping), restart_backoff())
             tasks.supervise("reassert", lambda: reasserter.run(stopping), restart_backoff())
             tasks.supervise("prune", lambda: pruner.run(stopping), restart_backoff())

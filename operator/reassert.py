@@ -2,7 +2,7 @@
 
 The handlers write rows on edges; a restore, an asynchronous fail-over or a manual delete can
 lose a row or send it back in time behind them.  Every ``reassert_seconds`` this loop compares
-what kopf's index of the objects declares with one ``(uid, generation, state)`` query and
+what the operator's index of the objects declares with one ``(uid, generation, state)`` query and
 writes only what differs.  docs/architecture.md ("The status is the record of an outcome")
 has the rule it shares with retention and the upsert handler (:func:`upsert_rule`).
 

@@ -4,10 +4,10 @@ docs/architecture.md ("Status sync") has the flow and its costs.  What this modu
 
 * A status is delayed, never lost: a notification (``schedlock_outcomes``) syncs its rows at
   once, and a sweep from a durable cursor (never from the epoch) makes up for any lost one.
-* Events are decided against the status already in the API (kopf's index, or the sync's own
-  last write until the watch shows it), so replays and sweeps never post twice.
-* Requests are bounded: no GET once kopf has listed the objects (:func:`lookup`), at most
-  ``UNLISTED_GETS`` per pass before.
+* Events are decided against the status already in the API (the index of the objects, or the
+  sync's own last write until the watch shows it), so replays and sweeps never post twice.
+* Requests are bounded: no GET once the operator has listed the objects (:func:`lookup`), at
+  most ``UNLISTED_GETS`` per pass before.
 * A row back in ``scheduled`` under a status that records its outcome for the same generation
   is never reflected: the status keeps the outcome and the re-assertion is woken to restore it.
 * One operator replica syncs at a time: the holder of the advisory lock
@@ -48,8 +48,9 @@ RETRY_CAP = 10.0
 LISTEN_READY_SECONDS = 5.0  # how long the first sweep waits for LISTEN to be in place
 SYNC_CONCURRENCY = 6  # objects synced at once (the official client runs each call in a thread)
 SYNC_CURSOR = "status-sync"  # the cursor's name in schedlock_sync_cursors
-# How long the process's first sweep waits for kopf's initial listing (seconds): a listing takes
-# seconds; with no object at all no handler ever signals it, and the sweep goes on without.
+# How long the process's first sweep waits for the operator's listing of the objects (seconds):
+# a listing takes seconds; one the API server does not answer is retried, and the sweep goes on
+# without it meanwhile (a GET per object the index lacks, bounded below).
 LISTING_WAIT_SECONDS = 30.0
 # GETs a pass may make for objects the index lacks before the listing (or outside the
 # namespaces it covers): bounded, whatever the history it reads; the rest of such rows wait.
@@ -84,7 +85,7 @@ class Lookup(StrEnum):
 def lookup(
     *, indexed: bool, listed: bool, covered: bool, seen_gone: bool, gets_left: int
 ) -> Lookup:
-    """Where an object's status comes from.  ``listed``: kopf has listed the objects;
+    """Where an object's status comes from.  ``listed``: the operator has listed the objects;
     ``covered``: its index watches the row's namespace; ``seen_gone``: a GET of this pass
     found the object gone."""
     if indexed:
@@ -125,9 +126,9 @@ class StatusSync:
     holder: str
     catch_up_seconds: float
     known: Callable[[str], dict[str, Any] | None] = field(default=lambda _uid: None)
-    # set once kopf has listed the objects (its index then holds every object there is)
+    # set once the operator has listed the objects (the index then holds every object there is)
     listed: asyncio.Event = field(default_factory=asyncio.Event)
-    # the namespaces kopf's index watches (an operator may serve only some)
+    # the namespaces the index covers (an operator may serve only some)
     covers: Callable[[str], bool] = field(default=lambda _namespace: True)
     # called when a row lost the outcome its object's status records (the re-assertion's job)
     lost: Callable[[], None] = field(default=lambda: None)

@@ -13,6 +13,7 @@ Real kube-apiserver + etcd, the operator under its ServiceAccount, PostgreSQL, t
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 from collections.abc import Iterator
@@ -22,7 +23,8 @@ import pytest
 
 from bench import kube_client
 from bench.scenarios.operator import PublishedWatch, apiserver_requests
-from schedlock.operator.handlers import FINALIZER
+from schedlock.operator.handlers import FINALIZER, ObjectIndex, list_into
+from schedlock.operator.kube import Kube
 from testbed.operators import OperatorStack, at, operator_stack_fixture
 from testbed.sidecars import wait_for
 
@@ -210,3 +212,28 @@ def test_a_restart_writes_nothing_for_objects_already_reconciled(stack: Stack, a
     time.sleep(2)  # what a resume of the others would have written by now
     assert sorted(stack.sql(kept, uids[1:])) == sorted(rows_before)
     assert stack.spent(before) == {}
+
+
+def test_the_operators_own_listing_pages_through_a_namespace_and_the_whole_cluster(
+    stack: Stack, api: Any
+) -> None:
+    """The listing that completes the operator's index (``handlers.list_into`` over
+    ``Kube.list_page``) against the real API server, two objects a page: every object of the
+    namespace, and the same objects among the whole cluster's, each once."""
+    uids = {create(api, f"paged-{n}", 600) for n in range(5)}
+    kube = Kube()
+    kube._api = kube_client.api_client(str(stack.kube.admin_kubeconfig))  # not the process's
+    calls: list[str | None] = []
+
+    async def page(namespace: str | None, token: str | None) -> Any:
+        calls.append(token)
+        return await kube.list_page(namespace, token, 2)
+
+    for namespaces in ((NAMESPACE,), ()):
+        index = ObjectIndex()
+        calls.clear()
+        count = asyncio.run(list_into(index, page, namespaces))
+        listed_uids = [o["metadata"]["uid"] for o in index.objects()]
+        assert count == len(listed_uids) == len(set(listed_uids)) >= 5
+        assert uids <= set(listed_uids) and index.complete.is_set()
+        assert len(calls) == -(-count // 2) and calls[0] is None, namespaces  # pages of two

@@ -79,6 +79,7 @@ class Event(StrEnum):
     OPERATOR_STARTED = "operator_started"
     OPERATOR_STOPPED = "operator_stopped"
     OPERATOR_FATAL = "operator_fatal"
+    OBJECTS_LISTED = "objects_listed"
     DEEP_OBJECTS_UNREADABLE = "deep_objects_unreadable"
     STATUS_SYNC_ACTIVE = "status_sync_active"
     STATUS_SYNC_INTERRUPTED = "status_sync_interrupted"
