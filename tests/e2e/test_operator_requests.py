@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import kopf
 import pytest
 
 from bench import kube_client
 from bench.scenarios.operator import PublishedWatch, apiserver_requests
-from schedlock.operator.handlers import FINALIZER, ObjectIndex, list_into
+from schedlock.operator.handlers import FINALIZER, ObjectIndex, configure, list_into
 from schedlock.operator.kube import Kube
 from testbed.operators import OperatorStack, at, operator_stack_fixture
 from testbed.sidecars import wait_for
@@ -219,21 +221,39 @@ def test_the_operators_own_listing_pages_through_a_namespace_and_the_whole_clust
 ) -> None:
     """The listing that completes the operator's index (``handlers.list_into`` over
     ``Kube.list_page``) against the real API server, two objects a page: every object of the
-    namespace, and the same objects among the whole cluster's, each once."""
+    namespace, and the same objects among the whole cluster's, each once.  Run as the
+    operator runs it, after its configure(): one object's payload nests 3,000 deep (stored as
+    with the webhook down), which Python's default recursion limit cannot parse."""
     uids = {create(api, f"paged-{n}", 600) for n in range(5)}
-    kube = Kube()
-    kube._api = kube_client.api_client(str(stack.kube.admin_kubeconfig))  # not the process's
-    calls: list[str | None] = []
+    limit = sys.getrecursionlimit()
+    try:
+        configure(kopf.OperatorSettings())
+        deep: dict[str, Any] = {"a": 1}
+        for _ in range(3_000):
+            deep = {"a": deep}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ScheduledPublish",
+            "metadata": {"name": "paged-deep", "namespace": NAMESPACE},
+            "spec": {"target": "demo", "publishAt": at(600), "payload": deep},
+        }
+        made = api.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+        uids.add(str(made["metadata"]["uid"]))
+        kube = Kube()
+        kube._api = kube_client.api_client(str(stack.kube.admin_kubeconfig))  # not the process's
+        calls: list[str | None] = []
 
-    async def page(namespace: str | None, token: str | None) -> Any:
-        calls.append(token)
-        return await kube.list_page(namespace, token, 2)
+        async def page(namespace: str | None, token: str | None) -> Any:
+            calls.append(token)
+            return await kube.list_page(namespace, token, 2)
 
-    for namespaces in ((NAMESPACE,), ()):
-        index = ObjectIndex()
-        calls.clear()
-        count = asyncio.run(list_into(index, page, namespaces))
-        listed_uids = [o["metadata"]["uid"] for o in index.objects()]
-        assert count == len(listed_uids) == len(set(listed_uids)) >= 5
-        assert uids <= set(listed_uids) and index.complete.is_set()
-        assert len(calls) == -(-count // 2) and calls[0] is None, namespaces  # pages of two
+        for namespaces in ((NAMESPACE,), ()):
+            index = ObjectIndex()
+            calls.clear()
+            count = asyncio.run(list_into(index, page, namespaces))
+            listed_uids = [o["metadata"]["uid"] for o in index.objects()]
+            assert count == len(listed_uids) == len(set(listed_uids)) >= 6
+            assert uids <= set(listed_uids) and index.complete.is_set()
+            assert len(calls) == -(-count // 2) and calls[0] is None, namespaces  # pages of two
+    finally:
+        sys.setrecursionlimit(limit)

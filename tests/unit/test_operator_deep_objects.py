@@ -68,6 +68,25 @@ def test_the_operator_reads_it_and_refuses_it_in_one_line(configured: None) -> N
     assert found == [["spec.payload nests deeper than 32 levels"]]
 
 
+def test_the_operators_own_listing_reads_it_too(configured: None) -> None:
+    """The listing that completes the operator's index parses its pages in a worker thread
+    (the Kubernetes client's json.loads, ``Kube.list_page``) and keeps a plain copy of each
+    object on the loop (``ObjectIndex.listed``): a page holding such an object is read whole."""
+    page = '{"items": [' + deep_object().replace('"name": "deep"', '"uid": "u-deep"') + "]}"
+    parsed: list[dict[str, object]] = []
+    worker = threading.Thread(target=lambda: parsed.append(json.loads(page)))
+    worker.start()
+    worker.join()
+    index = handlers.ObjectIndex()
+    [listing] = parsed
+    items = listing["items"]
+    assert isinstance(items, list)
+    index.listed(items)
+    [kept] = index.objects()
+    assert kept["metadata"]["uid"] == "u-deep"
+    assert mapping.spec_problems(kept["spec"]) == ["spec.payload nests deeper than 32 levels"]
+
+
 def test_an_interpreter_that_cannot_read_them_is_said_at_start(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
