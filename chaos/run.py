@@ -82,10 +82,8 @@ def run(config: ChaosConfig, rundir: Path, verdict_path: Path, keep: bool) -> in
     finally:
         stack.stop_sync()
         (rundir / "run.json").write_text(json.dumps(run_info, indent=1))
-    try:
-        data = checker.load(rundir)
-    except checker.IncompleteRecords as exc:
-        log(f"HARNESS ERROR: {exc}")
+    data = _load(rundir)
+    if data is None:
         return 2
     verdict, report = checker.check(data)
     report["logged"] = checker.log_levels(rundir)
@@ -356,11 +354,18 @@ async def _dump(stack: Stack, rundir: Path, run_info: dict[str, Any]) -> None:
     ]
 
 
-def check_only(rundir: Path, verdict_path: Path) -> int:
+def _load(rundir: Path) -> checker.RunData | None:
+    """The run's records, or None (said on stderr) when a file of them is not whole."""
     try:
-        data = checker.load(rundir)
+        return checker.load(rundir)
     except checker.IncompleteRecords as exc:
         print(f"chaos: no verdict: {exc}", file=sys.stderr)
+        return None
+
+
+def check_only(rundir: Path, verdict_path: Path) -> int:
+    data = _load(rundir)
+    if data is None:
         return 2
     verdict, report = checker.check(data)
     report["logged"] = checker.log_levels(rundir)

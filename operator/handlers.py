@@ -130,8 +130,8 @@ class ObjectIndex:
 
     def __init__(self) -> None:
         self._objects: dict[str, dict[str, Any]] = {}
-        # uids the watch saw deleted, kept only until the listing is in (then no longer needed)
-        self._deleted: set[str] | None = set()
+        # uids the watch saw deleted before the listing was in (afterwards none is kept)
+        self._deleted: set[str] = set()
         # set once the listing is in: from then on an object the index lacks does not exist
         # (or the watch has not shown it yet, as for any object created after the listing)
         self.complete = asyncio.Event()
@@ -141,21 +141,20 @@ class ObjectIndex:
         uid = str(body["metadata"]["uid"])
         if deleted:
             self._objects.pop(uid, None)
-            if self._deleted is not None:
+            if not self.complete.is_set():
                 self._deleted.add(uid)
         else:
             self._objects[uid] = snapshot(body)
 
     def listed(self, page: Iterable[Mapping[str, Any]]) -> None:
         """A page of the operator's own listing: the objects the watch has not shown yet."""
-        deleted = self._deleted if self._deleted is not None else set()
         for body in page:
             uid = str(body["metadata"]["uid"])
-            if uid not in self._objects and uid not in deleted:
+            if uid not in self._objects and uid not in self._deleted:
                 self._objects[uid] = snapshot(body)
 
     def listing_done(self) -> None:
-        self._deleted = None
+        self._deleted.clear()
         self.complete.set()
 
     def objects(self) -> list[dict[str, Any]]:

@@ -70,7 +70,7 @@ def test_the_listing_adds_only_what_the_watch_has_not_shown_and_never_a_deleted_
     index.listing_done()
     assert index.complete.is_set()
     index.saw(obj("new"), deleted=True)  # after the listing no deletion is remembered
-    assert index._deleted is None and generations(index) == {"seen": 3}
+    assert not index._deleted and generations(index) == {"seen": 3}
 
 
 class Pages:
