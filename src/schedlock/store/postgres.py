@@ -19,7 +19,7 @@ import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -27,7 +27,6 @@ from psycopg.abc import Buffer, PQGen
 from psycopg.adapt import AdaptersMap, Loader
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from schedlock.core.aio import TaskSlot
 from schedlock.core.logs import Event
@@ -69,6 +68,9 @@ from schedlock.store.models import (
 from schedlock.store.notices import FOREIGN_HOLDER_NOTICE, parse_foreign_holder
 from schedlock.store.rows import Codec, Params, Row, from_row, stored_payload
 from schedlock.store.verbs import LockVerbs
+
+if TYPE_CHECKING:  # the pool is imported where it is opened: a sidecar never opens one
+    from psycopg_pool import AsyncConnectionPool
 
 log = logging.getLogger("schedlock.store")
 Q = queries.load("postgres")
@@ -1048,6 +1050,8 @@ class PostgresConnector:
             await pool.close()
 
     async def _open_pool(self) -> AsyncConnectionPool[Conn]:
+        from psycopg_pool import AsyncConnectionPool  # 0.4 MB a sidecar (pool_size 0) never pays
+
         async with self._opening:
             if self._pool is None:
                 pool = AsyncConnectionPool(
@@ -1065,6 +1069,8 @@ class PostgresConnector:
             return self._pool
 
     async def _pooled(self) -> tuple[AsyncConnectionPool[Conn], Conn]:
+        from psycopg_pool import PoolTimeout
+
         pool = await self._open_pool()
         while True:
             try:
