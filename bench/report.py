@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.scenarios.scale import STANDBYS
 from testbed.sidecars import REPO
 
 KEYS = (
@@ -463,7 +464,8 @@ def scale_table(sc: dict[str, Any] | None) -> list[str]:
     lines = [
         "",
         f"Connection budget at max_connections {sc['max_connections']}: each cell is "
-        "bounded (SCHEDLOCK_STANDBYS 2) / baseline (a session per replica per key).",
+        f"bounded (SCHEDLOCK_STANDBYS {sc.get('standbys', STANDBYS)}) / baseline (a session per "
+        "replica).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -806,12 +808,15 @@ def _scale_plot(out: Path, sc: dict[str, Any] | None) -> list[Path]:
     except ImportError:
         return []
     fig, ax = plt.subplots(figsize=(6, 4))
-    styles = {"bounded": ("tab:green", "schedlock (standbys 2)"), "baseline": ("tab:red", "")}
+    styles = {
+        "bounded": ("tab:green", f"schedlock (standbys {sc.get('standbys', STANDBYS)})"),
+        "baseline": ("tab:red", ""),
+    }
     for design, results in designs.items():
         color, label = styles.get(design, ("tab:gray", design))
         xs = [r["replicas"] for r in results]
         ys = [r["sessions_held"]["median"] for r in results]
-        ax.plot(xs, ys, "o-", color=color, label=label or "a session per replica per key")
+        ax.plot(xs, ys, "o-", color=color, label=label or "a session per replica")
     ax.axhline(limit, ls="--", color="gray", lw=1, label=f"max_connections {limit}")
     ax.set_xlabel("replicas of one target (2 lock keys)")
     ax.set_ylabel("database sessions held")

@@ -21,7 +21,11 @@ operator wrote stay what they are) against the test kube-apiserver and PostgreSQ
    comparison with nothing to write (best of 3), then a pass with every row lost.
 
 The objects are left in the API server (they hold the operator's finalizer and no operator
-runs any more: deleting them would wait for ever); no later scenario watches them.
+runs any more: deleting them would wait for ever); no later scenario watches them.  Objects an
+earlier scenario of the same run left there (``operator``'s burst, with its own operator's
+finalizer) are removed before the first operator starts (``cleared``): the operators here watch
+the whole cluster, and would otherwise take them over — write their rows into this database,
+patch their statuses, and count as restart writes and present objects.
 """
 
 from __future__ import annotations
@@ -109,6 +113,25 @@ def _list_all(api: Any) -> list[dict[str, Any]]:
         token = page["metadata"].get("continue")
         if not token:
             return items
+
+
+def _clear(api: Any) -> int:
+    """Remove every ScheduledPublish in the API server, finalizers and all (no operator runs
+    yet to honour them): how many there were."""
+    items = _list_all(api)
+
+    def remove(o: dict[str, Any]) -> None:
+        namespace, name = o["metadata"]["namespace"], o["metadata"]["name"]
+        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        api.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"finalizers": []}}
+        )
+
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+        list(pool.map(remove, items))
+    if not _wait(lambda: not _list_all(api), 60):
+        raise RuntimeError("operator_10k: objects of an earlier scenario would not go")
+    return len(items)
 
 
 def _handled(items: list[dict[str, Any]]) -> int:
@@ -222,6 +245,9 @@ def run(ctx: Context) -> None:
     creator = Creator(api, namespaces, datetime.now(UTC) + timedelta(days=1))
     result: dict[str, Any] = {"objects": count, "namespaces": len(namespaces)}
     try:
+        result["cleared"] = _clear(api)
+        if result["cleared"]:
+            ctx.say(f"operator_10k: removed {result['cleared']} objects an earlier scenario left")
         first.start()
         assert first.process is not None
         ctx.say(f"operator_10k: creating {count} objects in {len(namespaces)} namespaces")

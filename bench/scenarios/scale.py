@@ -18,16 +18,18 @@ sidecars (both schedulers: 2 lock keys) start on a fresh database, then:
   receiver between the last delivery before the kill and the first one by a successor;
   a fresh replica then replaces the dead one and the places refill before the next trial.
 
-``bounded`` is schedlock as shipped (``SCHEDLOCK_STANDBYS`` 2, reserves with no session);
-``baseline`` sets ``SCHEDLOCK_STANDBYS`` beyond any replica count, so every replica waits on
-its own session per key — the design before the connection budget, minus the separate LISTEN
-session its leaders used to add (one more per led key).
+``bounded`` is schedlock as shipped (``SCHEDLOCK_STANDBYS`` at its default, 1: the leader and
+one standby hold a session each, for both keys; reserves hold none); ``baseline`` sets
+``SCHEDLOCK_STANDBYS`` beyond any replica count, so every replica waits on a session of its
+own — one per replica, where the design before the connection budget held one per replica
+per key and a separate LISTEN session per led key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import statistics
 import time
@@ -38,6 +40,7 @@ from bench.rows import insert_due
 from bench.stats import summarize
 from bench.systems import rss_mb, until
 from schedlock.core.identities import Scheduler
+from schedlock.sidecar.settings import SidecarSettings
 from schedlock.store import LockKey
 from testbed.deliveries import DeliveryLog
 from testbed.leaders import leader, leaders
@@ -47,6 +50,8 @@ SAMPLES = 10
 TARGET = "app"
 NAMESPACE = "default"  # the sidecars' default
 DESIGNS = {"bounded": {}, "baseline": {"SCHEDLOCK_STANDBYS": "10000"}}
+# the shipped default, which the bounded design runs with
+(STANDBYS,) = (f.default for f in dataclasses.fields(SidecarSettings) if f.name == "standbys")
 REFUSED = "schedlock_database_connections_refused_total"
 
 
@@ -118,12 +123,13 @@ class Fleet:
 
 async def _settle(fleet: Fleet, replicas: int) -> None:
     """Wait for the places the leaders gave back to fill (the reserves' next turns): the
-    bounded design then holds 2 x (1 + 2) sessions; the baseline holds its own at once."""
+    bounded design then holds one session per sidecar for the leader and each standby
+    (1 + ``SCHEDLOCK_STANDBYS``); the baseline holds its own at once."""
     interval = fleet.ctx.profile.timings.schedlock_reserve_check_s
     if fleet.design == "baseline":
         await asyncio.sleep(1.0)
         return
-    expected = 2 * min(replicas, 3)
+    expected = min(replicas, 1 + STANDBYS)
     try:
         await until(
             lambda: _sessions(fleet.ctx, fleet.dbname) >= expected, 3 * interval + 5, 0.1, "places"
@@ -258,6 +264,7 @@ async def run(ctx: Context) -> None:
         "max_connections": max_conn,
         "target_replicas": list(p.scale_replicas),
         "reserve_check_s": p.timings.schedlock_reserve_check_s,
+        "standbys": STANDBYS,
         "designs": designs,
         # Headline figures of the bounded design at the largest replica count.
         "sidecars": largest["replicas"],
