@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import signal
 import statistics
 import time
@@ -51,7 +50,7 @@ TARGET = "app"
 NAMESPACE = "default"  # the sidecars' default
 DESIGNS = {"bounded": {}, "baseline": {"SCHEDLOCK_STANDBYS": "10000"}}
 # the shipped default, which the bounded design runs with
-(STANDBYS,) = (f.default for f in dataclasses.fields(SidecarSettings) if f.name == "standbys")
+STANDBYS: int = SidecarSettings.standbys
 REFUSED = "schedlock_database_connections_refused_total"
 
 
