@@ -91,6 +91,7 @@ class Fleet:
         self.log = DeliveryLog(self.receiver.log_path)
         self.sidecars: list[SidecarProcess] = []
         self.started = 0
+        self.last_start = time.monotonic()  # when the latest sidecar was started
 
     def add(self) -> SidecarProcess:
         env = {
@@ -104,6 +105,7 @@ class Fleet:
         sidecar = SidecarProcess(f"{TARGET}-{self.started}", self.workdir / "sidecars", env)
         self.started += 1
         self.sidecars.append(sidecar.start())
+        self.last_start = time.monotonic()
         return sidecar
 
     def one_leader_per_key(self) -> bool:
@@ -235,9 +237,11 @@ async def _measure(ctx: Context, design: str, replicas: int) -> dict[str, Any]:
         if p.scale_settled and fleet.design == "bounded":
             # Replicas that start together enlist with differing views of the roster (the
             # first ones see few reserves, so they check again soon): the turns settle after
-            # one rotation, every reserve having checked once with the full roster in view.
-            rotation = max(0, replicas - 3) * interval
-            await asyncio.sleep(max(0.0, t0 + ready_s + rotation - time.monotonic()))
+            # one rotation, every reserve having checked once with the full roster in view —
+            # counted from the start of the latest replacement, which enlisted the same way.
+            rotation = max(0, replicas - 1 - STANDBYS) * interval
+            since = max(t0 + ready_s, fleet.last_start)
+            await asyncio.sleep(max(0.0, since + rotation - time.monotonic()))
             settled = await _rates(fleet)
         result: dict[str, Any] = {
             "replicas": replicas,
