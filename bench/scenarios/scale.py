@@ -46,7 +46,7 @@ from testbed.leaders import leader, leaders
 from testbed.sidecars import ReceiverProcess, SidecarProcess
 
 SAMPLES = 10
-TRIAL_ROWS = 300  # due every 10 ms from half a second before each SIGKILL
+TRIAL_ROWS = 300  # rows each trial inserts, due every 10 ms around its SIGKILL
 TARGET = "app"
 NAMESPACE = "default"  # the sidecars' default
 DESIGNS = {"bounded": {}, "baseline": {"SCHEDLOCK_STANDBYS": "10000"}}
