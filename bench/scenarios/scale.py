@@ -52,6 +52,7 @@ NAMESPACE = "default"  # the sidecars' default
 DESIGNS = {"bounded": {}, "baseline": {"SCHEDLOCK_STANDBYS": "10000"}}
 # the shipped default, which the bounded design runs with
 STANDBYS: int = SidecarSettings.standbys
+PLACES = 1 + STANDBYS  # sessions a target holds in the bounded design: its leader's, standbys'
 REFUSED = "schedlock_database_connections_refused_total"
 
 
@@ -131,7 +132,7 @@ async def _settle(fleet: Fleet, replicas: int) -> None:
     if fleet.design == "baseline":
         await asyncio.sleep(1.0)
         return
-    expected = min(replicas, 1 + STANDBYS)
+    expected = min(replicas, PLACES)
     try:
         await until(
             lambda: _sessions(fleet.ctx, fleet.dbname) >= expected, 3 * interval + 5, 0.1, "places"
@@ -239,7 +240,7 @@ async def _measure(ctx: Context, design: str, replicas: int) -> dict[str, Any]:
             # first ones see few reserves, so they check again soon): the turns settle after
             # one rotation, every reserve having checked once with the full roster in view —
             # counted from the start of the latest replacement, which enlisted the same way.
-            rotation = max(0, replicas - 1 - STANDBYS) * interval
+            rotation = max(0, replicas - PLACES) * interval  # the reserves, in turn
             since = max(t0 + ready_s, fleet.last_start)
             await asyncio.sleep(max(0.0, since + rotation - time.monotonic()))
             settled = await _rates(fleet)
