@@ -23,16 +23,48 @@ class StoreError(Exception):
             self.summary = summary
 
 
+# --- the connection: unreachable, refused, unsafe, misconfigured ---------------------------------
+
+
 class StoreUnavailable(StoreError):
     """The database cannot be reached or the session died; retrying later may work."""
 
     summary = "unreachable: no connection to the server"
 
 
+class ReadOnlyServer(StoreUnavailable):
+    """The server is a hot standby or read-only: never lead or write there (advisory locks are
+    granted on a standby too).  Retryable: a fail-over or a multi-host URL finds the primary."""
+
+    summary = "the server is read-only or a standby: not leading or writing there"
+
+
+class ConnectionsExhausted(StoreUnavailable):
+    """The server refused a connection for lack of slots (SQLSTATE 53300: "too many clients",
+    "remaining connection slots are reserved"), or this session would use a reserved slot.
+
+    The slots belong to the app that shares the database: back off with jitter, never storm.
+    """
+
+    summary = "the database is out of connection slots"
+
+
+class UnsafeConnection(StoreError):
+    """Session affinity is not guaranteed (a transaction-mode pooler): we would run unguarded."""
+
+    summary = (
+        "the connection does not keep one server session (a pooler in transaction mode?): "
+        "advisory locks would guard nothing"
+    )
+
+
 class BadDatabaseUrl(StoreError):
     """The database URL does not parse (libpq would refuse it, or misread the password)."""
 
     summary = "the database URL could not be parsed"
+
+
+# --- the schema: not what this binary runs on, or a step refused ---------------------------------
 
 
 class SchemaError(StoreError):
@@ -61,12 +93,6 @@ def schema_too_new(current: int, latest: int, blocking: int | None = None) -> Sc
     )
 
 
-class MigrationRefused(SchemaError):
-    """``migrate --to`` will not take this step (it would lose data, or the binary cannot)."""
-
-    summary = "migration refused"
-
-
 class SchemaNotCurrent(SchemaError):
     """Migrations this binary needs have not run yet."""
 
@@ -78,6 +104,15 @@ class SchemaChanged(SchemaError):
     was taken down (``migrate --to``) under a running process.  Leading on would fail every
     outcome and re-deliver the rows in flight term after term, so the sidecar exits instead
     and, restarted, waits until the schema is one it runs on."""
+
+
+class MigrationRefused(SchemaError):
+    """``migrate --to`` will not take this step (it would lose data, or the binary cannot)."""
+
+    summary = "migration refused"
+
+
+# --- the role: what it may do and which namespaces it may serve ----------------------------------
 
 
 class MissingPrivileges(StoreError):
@@ -97,25 +132,14 @@ class NamespaceNotServed(StoreError):
     )
 
 
-class UnsafeConnection(StoreError):
-    """Session affinity is not guaranteed (a transaction-mode pooler): we would run unguarded."""
-
-    summary = (
-        "the connection does not keep one server session (a pooler in transaction mode?): "
-        "advisory locks would guard nothing"
-    )
+# --- the advisory locks --------------------------------------------------------------------------
 
 
 class LockKeyCollision(StoreError):
-    """Two different lock keys hash to the same advisory lock ids."""
+    """Two different lock keys hash to the same advisory lock ids.  No retry can fix it: the
+    sidecar stops, naming its key and the ids (renaming the target ends it)."""
 
     summary = "two lock keys hash to the same advisory lock ids: rename the target"
-
-
-class LeadershipLost(StoreError):
-    """The lock session is gone or the term moved on: this process no longer leads the key."""
-
-    summary = "the lock session ended"
 
 
 class UnlockFailed(StoreError):
@@ -124,21 +148,11 @@ class UnlockFailed(StoreError):
     summary = "an advisory lock was not held when released"
 
 
-class ReadOnlyServer(StoreUnavailable):
-    """The server is a hot standby or read-only: never lead or write there (advisory locks are
-    granted on a standby too).  Retryable: a fail-over or a multi-host URL finds the primary."""
+class LeadershipLost(StoreError):
+    """The lock session is gone or the term moved on: this process no longer leads the key.
+    It ends the session, not the process: the elector reconnects and competes again."""
 
-    summary = "the server is read-only or a standby: not leading or writing there"
-
-
-class ConnectionsExhausted(StoreUnavailable):
-    """The server refused a connection for lack of slots (SQLSTATE 53300: "too many clients",
-    "remaining connection slots are reserved"), or this session would use a reserved slot.
-
-    The slots belong to the app that shares the database: back off with jitter, never storm.
-    """
-
-    summary = "the database is out of connection slots"
+    summary = "the lock session ended"
 
 
 # Server messages of SQLSTATE 53300; libpq reports a refused connection without a result, so
