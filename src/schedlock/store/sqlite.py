@@ -20,19 +20,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from schedlock.store import queries
+from schedlock.store import models, queries
 from schedlock.store.errors import StoreError, StoreUnavailable
 from schedlock.store.keys import LockKey, TargetLock
 from schedlock.store.migrations import split_statements
-from schedlock.store.models import (
-    EVERY_NAMESPACE,
-    GrantReport,
-    GrantRequest,
-    OnHolder,
-    OnPayload,
-    ReserveRoster,
-    ServedNamespaces,
-)
 from schedlock.store.rows import Codec, Params, Row, iso, stored_payload, text_timestamp
 from schedlock.store.verbs import LockVerbs
 
@@ -205,14 +196,16 @@ class SqliteLockSession(LockVerbs):
     async def try_acquire(self) -> bool:
         return True  # one process: its lock is always free to it
 
-    async def acquire(self, on_holder: OnHolder | None = None) -> None:
+    async def acquire(self, on_holder: models.OnHolder | None = None) -> None:
         # Nothing to wait for, and no other session that could hold the lock: never calls it.
         return None
 
     async def listen(self, channel: str, on_payload: Callable[[str], None]) -> None:
         return None
 
-    async def lock_key(self, key: LockKey, on_holder: OnHolder | None = None) -> SqliteLockSession:
+    async def lock_key(
+        self, key: LockKey, on_holder: models.OnHolder | None = None
+    ) -> SqliteLockSession:
         # One process: every key's lock is its own.
         session = SqliteLockSession(self.db, key)
         session._connected = self._connected
@@ -224,8 +217,8 @@ class SqliteLockSession(LockVerbs):
     async def leave_standby_place(self) -> None:
         return None
 
-    async def reserve_roster(self) -> ReserveRoster:
-        return ReserveRoster(db_now=datetime.now(UTC).timestamp(), rank=0, reserves=1)
+    async def reserve_roster(self) -> models.ReserveRoster:
+        return models.ReserveRoster(db_now=datetime.now(UTC).timestamp(), rank=0, reserves=1)
 
     async def enlist_reserve(self, next_check_in: float, grace: float) -> None:
         return None
@@ -279,12 +272,12 @@ class SqliteConnector:
         loops' too, and they run between the pass's batches."""
         yield self.db.session
 
-    async def grant(self, request: GrantRequest) -> GrantReport:
-        return GrantReport()  # SQLite has no roles: nobody to grant to
+    async def grant(self, request: models.GrantRequest) -> models.GrantReport:
+        return models.GrantReport()  # SQLite has no roles: nobody to grant to
 
-    async def served_namespaces(self) -> ServedNamespaces:
+    async def served_namespaces(self) -> models.ServedNamespaces:
         # one process owns the file: it serves what it is configured for
-        return ServedNamespaces("", (EVERY_NAMESPACE,))
+        return models.ServedNamespaces("", (models.EVERY_NAMESPACE,))
 
     async def missing_privileges(self, component: str) -> tuple[str, list[str]]:
         return "", []  # SQLite has no roles: the file's permissions are the only guard
@@ -295,10 +288,7 @@ class SqliteConnector:
         return SqliteLockSession(self.db, key, target.keys if target else (key,))
 
     async def listen(
-        self,
-        channel: str,
-        on_payload: OnPayload,
-        ready: asyncio.Event | None = None,
+        self, channel: str, on_payload: models.OnPayload, ready: asyncio.Event | None = None
     ) -> None:
         """SQLite has no NOTIFY: the loops rely on their timers and the safety poll."""
         if ready is not None:
