@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-from collections.abc import Callable
 
 from schedlock.core.settings import EXIT_BAD_SETTING, CommandError, add_command
 from schedlock.operator.settings import OperatorSettings
@@ -21,7 +20,7 @@ OPERATOR_EXTRA = ("kopf", "kubernetes")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = add_command(
+    add_command(
         subparsers,
         "operator",
         OperatorSettings,
@@ -29,8 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         summary="run the Kubernetes operator for ScheduledPublish objects",
         description="Reconcile ScheduledPublish objects (schedlock.dev/v1) into database rows and reflect "
         "outcomes back into their status and Events.",
+        prerequisite=require_operator_extra,
     )
-    parser.set_defaults(command=with_operator_extra(parser.get_default("command")))
 
 
 def missing_extra() -> list[str]:
@@ -38,21 +37,16 @@ def missing_extra() -> list[str]:
     return [name for name in OPERATOR_EXTRA if importlib.util.find_spec(name) is None]
 
 
-def with_operator_extra(
-    command: Callable[[argparse.Namespace], int],
-) -> Callable[[argparse.Namespace], int]:
-    def checked(args: argparse.Namespace) -> int:
-        missing = missing_extra()
-        if missing:
-            raise CommandError(
-                f"the operator needs {' and '.join(missing)}, which this installation lacks: "
-                "pip install 'schedlock[operator]' (the schedlock image has them, the "
-                "schedlock-sidecar image does not)",
-                EXIT_BAD_SETTING,
-            )
-        return command(args)
-
-    return checked
+def require_operator_extra() -> None:
+    """Refuse in one line, exit status 2, when the installation lacks the operator's extra."""
+    missing = missing_extra()
+    if missing:
+        raise CommandError(
+            f"the operator needs {' and '.join(missing)}, which this installation lacks: "
+            "pip install 'schedlock[operator]' (the schedlock image has them, the "
+            "schedlock-sidecar image does not)",
+            EXIT_BAD_SETTING,
+        )
 
 
 def run(settings: OperatorSettings, _args: argparse.Namespace) -> int:

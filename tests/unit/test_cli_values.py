@@ -21,6 +21,7 @@ from schedlock.cli import main
 from schedlock.cli.admin import MAX_AT_YEARS, _schedule, parse_name, parse_time, read_payload
 from schedlock.core.payloads import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_TEXT
 from schedlock.core.settings import SettingError, flag_value, one_line
+from schedlock.operator import command as operator_command
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 YEARS = timedelta(days=365.25 * MAX_AT_YEARS)
@@ -295,3 +296,19 @@ def test_status_names_a_foreign_lock_holder_in_printable_words() -> None:
     assert line.startswith("publish/team-b/demo: lock held by role 'tenant_a")
     assert "\x1b" not in line and "\n" not in line
     assert "SELECT pg_terminate_backend(812)" in line
+
+
+def test_the_operator_without_its_extra_refuses_before_reading_a_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sidecar image has no kopf: `schedlock operator` there says what to install, in one
+    line with exit status 2, even when its settings are wrong too (no database URL here)."""
+    monkeypatch.setattr(operator_command, "OPERATOR_EXTRA", ("kopf", "no_such_package_here"))
+    monkeypatch.delenv("SCHEDLOCK_DATABASE_URL", raising=False)
+    assert main(["operator", "--database-url", ""]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "schedlock operator: error: the operator needs no_such_package_here, which this "
+        "installation lacks: pip install 'schedlock[operator]' (the schedlock image has them, "
+        "the schedlock-sidecar image does not)\n"
+    )

@@ -209,12 +209,15 @@ def add_command(
     *,
     summary: str,
     description: str = "",
+    prerequisite: Callable[[], None] | None = None,
 ) -> argparse.ArgumentParser:
     """A subcommand whose flags are the settings of ``cls``: it builds them, then ``run``s.
 
     A service (sidecar, operator) configures its logging from its settings first. A bad
-    setting raises SettingError, which the CLI prints as one line with exit status 2. The
-    parser is returned so a command can add arguments of its own.
+    setting raises SettingError, which the CLI prints as one line with exit status 2.
+    ``prerequisite`` runs before any setting is read and raises CommandError when the command
+    cannot run here at all (the operator without its extra). The parser is returned so a
+    command can add arguments of its own.
     """
     if issubclass(cls, ServiceSettings):
         description += " Every flag can also be set by its SCHEDLOCK_* variable."
@@ -222,6 +225,8 @@ def add_command(
     add_arguments(parser, cls)
 
     def command(args: argparse.Namespace) -> int:
+        if prerequisite is not None:
+            prerequisite()
         settings = build(cls, args)
         if isinstance(settings, ServiceSettings):
             logs.configure(settings.log_level, settings.log_format, secrets_in(settings))
