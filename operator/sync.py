@@ -111,10 +111,6 @@ class Pass:
     deferred: int = 0
 
 
-async def _close(held: HeldLock) -> None:
-    await held.close()
-
-
 @dataclass(eq=False)
 class StatusSync:
     """The sync: rows in ``store`` -> status and Events through ``kube``."""
@@ -154,7 +150,7 @@ class StatusSync:
                 granted = await unless_set(
                     self.store.hold_lock(SYNC_LOCK_OBJID, f"{self.holder}-sync"),
                     stopping,
-                    abandon=_close,
+                    abandon=lambda late: late.close(),
                     suppress=(StoreError,),
                 )
                 if granted is None:
