@@ -214,6 +214,16 @@ class PassResult:
     restored: int
     seconds: float
 
+    def fields(self, todo: Plan) -> dict[str, object]:
+        """The fields of the ``rows_reasserted`` line (docs/operations.md): the counts and the
+        first ten uids of each kind of write."""
+        return {
+            "objects": self.objects,
+            "upserted": self.upserted,
+            "restored_terminal": self.restored,
+            "uids": [s.uid for s in todo.upserts[:10]] + [s.uid for s, _ in todo.restores[:10]],
+        }
+
 
 class Reasserter:
     """Runs :func:`plan` against the store every ``interval`` seconds until stopped."""
@@ -303,13 +313,6 @@ class Reasserter:
         if todo.writes:
             log.warning(
                 "re-asserted rows that were missing or stale",
-                extra={
-                    "event": Event.ROWS_REASSERTED,
-                    "objects": result.objects,
-                    "upserted": upserted,
-                    "restored_terminal": restored,
-                    "uids": [s.uid for s in todo.upserts[:10]]
-                    + [s.uid for s, _ in todo.restores[:10]],
-                },
+                extra={"event": Event.ROWS_REASSERTED, **result.fields(todo)},
             )
         return result

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
+from schedlock.core.logs import Event
 from schedlock.operator.reassert import (
     Reasserter,
     handled,
@@ -243,3 +247,23 @@ def test_a_pass_writes_every_lost_row_in_one_call_and_none_of_a_deleted_object()
     result = run(reasserter.once())
     assert store.batches == [["a", "b", "c"]]
     assert result.upserted == 3 and store.cancelled == ["b"]
+
+
+def test_a_pass_that_wrote_logs_its_counts_and_uids(caplog: pytest.LogCaptureFixture) -> None:
+    """One ``rows_reasserted`` warning per pass that wrote (docs/operations.md's fields); a pass
+    with nothing to write logs nothing."""
+    store = WritesRecorded(during_write=lambda: None)
+    lost = [obj("a"), obj("b")]
+    caplog.set_level(logging.INFO, "schedlock")
+    run(Reasserter(store, lambda: lost, interval=60, wanted=lambda _uid: True).once())
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == Event.ROWS_REASSERTED]
+    assert line.levelno == logging.WARNING
+    assert {k: getattr(line, k) for k in ("objects", "upserted", "restored_terminal", "uids")} == {
+        "objects": 2,
+        "upserted": 2,
+        "restored_terminal": 0,
+        "uids": ["a", "b"],
+    }
+    caplog.clear()
+    run(Reasserter(store, list, interval=60, wanted=lambda _uid: True).once())
+    assert not [r for r in caplog.records if getattr(r, "event", None) == Event.ROWS_REASSERTED]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from schedlock.core.logs import Event
 from schedlock.core.settings import SettingError, build
 from schedlock.operator.injection import inject_pod
 from schedlock.operator.settings import OperatorSettings
@@ -193,6 +195,22 @@ def test_batches_are_bounded_and_paused_as_long_as_they_took() -> None:
     prune(fast, RetentionPolicy(batch_size=1000))
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(fast.batches)]
     assert min(gaps[:2]) == pytest.approx(MIN_PAUSE_SECONDS)
+
+
+def test_a_pass_that_pruned_logs_what_it_deleted(caplog: pytest.LogCaptureFixture) -> None:
+    """One ``history_pruned`` info line per pass that deleted rows (docs/operations.md's
+    fields); a pass with nothing to delete logs nothing."""
+    caplog.set_level(logging.INFO, "schedlock")
+    prune(Tables(rows=2500, batch_seconds=0.0, lose_lease_after=None), RetentionPolicy())
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == Event.HISTORY_PRUNED]
+    assert line.levelno == logging.INFO
+    fields = vars(line)
+    deleted = {t: fields[f"{t}_deleted"] for t in ("publishes", "schedules", "terms", "reserves")}
+    assert deleted == {"publishes": 2500, "schedules": 0, "terms": 0, "reserves": 0}
+    assert fields["complete"] is True and fields["batches"] >= 3 and fields["seconds"] >= 0
+    caplog.clear()
+    prune(Tables(rows=0, batch_seconds=0.0, lose_lease_after=None), RetentionPolicy())
+    assert not [r for r in caplog.records if getattr(r, "event", None) == Event.HISTORY_PRUNED]
 
 
 def test_a_pass_that_lost_its_lease_stops() -> None:

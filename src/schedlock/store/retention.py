@@ -160,6 +160,15 @@ class PassReport:
     def total(self) -> int:
         return sum(self.deleted.values())
 
+    def fields(self) -> dict[str, object]:
+        """The fields of the ``history_pruned`` line (docs/operations.md)."""
+        return {
+            **{f"{table}_deleted": n for table, n in self.deleted.items()},
+            "batches": self.batches,
+            "seconds": round(self.seconds, 3),
+            "complete": self.complete,
+        }
+
 
 def permission_problem(exc: StoreError) -> bool:
     """Whether the database refused the pass for lack of a privilege (a role granted before
@@ -260,14 +269,7 @@ class Pruner:
         self.report(result)
         if result.total:
             log.info(
-                "pruned finished history",
-                extra={
-                    "event": Event.HISTORY_PRUNED,
-                    **{f"{table}_deleted": n for table, n in result.deleted.items()},
-                    "batches": result.batches,
-                    "seconds": round(result.seconds, 3),
-                    "complete": result.complete,
-                },
+                "pruned finished history", extra={"event": Event.HISTORY_PRUNED, **result.fields()}
             )
         return result
 
