@@ -22,6 +22,7 @@ from schedlock.store import (
     KeyStatus,
     LockKey,
     LockSession,
+    Store,
     TargetLock,
     open_store,
 )
@@ -49,15 +50,22 @@ def squatted(migrated_database: str, postgres: PostgresService) -> str:
             GrantRequest(sidecar_role=None, operator_role=B_OPERATOR, namespaces=("team-b",))
         )
         # B's key is registered by B's sidecar (the all-namespace role of the template)
-        session = open_store(as_role(migrated_database, SIDECAR_ROLE)).lock_session(
-            KEY, "b", 15, TARGET
-        )
-        await session.connect()
+        sidecar, session = await b_sidecar(migrated_database, "b")
         await session.close()
+        await sidecar.close()
         await store.close()
 
     asyncio.run(grant())
     return migrated_database
+
+
+async def b_sidecar(url: str, holder: str) -> tuple[Store, LockSession]:
+    """B's sidecar named ``holder`` (the all-namespace sidecar role of the template): its store
+    and its target session for both of B's keys, connected, holding no lock yet."""
+    store = open_store(as_role(url, SIDECAR_ROLE))
+    session = store.lock_session(KEY, holder, 15, TARGET)
+    await session.connect()
+    return store, session
 
 
 def hold_by_hand(
@@ -159,9 +167,7 @@ def test_a_leader_trying_a_squatted_key_hears_of_the_holder_and_leads_the_other_
     heard: list[ForeignHolder | None] = []
 
     async def run() -> None:
-        store = open_store(as_role(squatted, SIDECAR_ROLE))
-        leader = store.lock_session(KEY, "b-leader", 15, TARGET)
-        await leader.connect()
+        store, leader = await b_sidecar(squatted, "b-leader")
         assert await leader.take_standby_place(1) == 0
         await leader.acquire(heard.append)
         await leader.leave_standby_place()
@@ -208,9 +214,7 @@ def test_a_standby_waiting_for_a_squatted_leadership_lock_hears_of_it(
     heard: list[ForeignHolder | None] = []
 
     async def run() -> None:
-        store = open_store(as_role(squatted, SIDECAR_ROLE))
-        standby = store.lock_session(KEY, "b-standby", 15, TARGET)
-        await standby.connect()
+        store, standby = await b_sidecar(squatted, "b-standby")
         waiting = await waiting_until_told(standby, heard)
         statuses = [k for k in await store.key_status() if k.namespace == "team-b"]
         assert {k.scheduler for k in statuses} == {"publish", "recurring"}

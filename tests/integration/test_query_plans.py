@@ -47,24 +47,6 @@ class Captured(Exception):
         self.params = params
 
 
-async def _capture(name: str, params: Params) -> list[Row]:
-    raise Captured(name, params)
-
-
-class CapturingLockVerbs(LockVerbs):
-    """The lock session's verbs, recording their query instead of running it."""
-
-    def __init__(self, key: LockKey) -> None:
-        self.key, self.holder, self.codec = key, "plan-test", CODEC
-
-    async def _fetch(self, name: str, params: Params) -> list[Row]:
-        return await _capture(name, params)
-
-    async def _execute(self, name: str, params: Params) -> int:
-        await _capture(name, params)
-        return 0
-
-
 class CapturingSession(PostgresSession):
     """A session with no connection: its first query is captured, and ends the verb."""
 
@@ -72,11 +54,24 @@ class CapturingSession(PostgresSession):
         pass  # no connection to keep
 
     async def fetch(self, name: str, params: Params) -> list[Row]:
-        return await _capture(name, params)
+        raise Captured(name, params)
 
     async def execute(self, name: str, params: Params) -> int:
-        await _capture(name, params)
-        return 0
+        raise Captured(name, params)
+
+
+class CapturingLockVerbs(LockVerbs):
+    """The lock session's verbs, whose statements go to a CapturingSession."""
+
+    def __init__(self, key: LockKey) -> None:
+        self.key, self.holder, self.codec = key, "plan-test", CODEC
+        self.session = CapturingSession()
+
+    async def _fetch(self, name: str, params: Params) -> list[Row]:
+        return await self.session.fetch(name, params)
+
+    async def _execute(self, name: str, params: Params) -> int:
+        return await self.session.execute(name, params)
 
 
 class CapturingConnector(PostgresConnector):

@@ -119,9 +119,15 @@ def scenario(body: Callable[[MemoryStore], Awaitable[None]]) -> None:
     run(main())
 
 
-async def leader_and_standby(server: MemoryStore) -> tuple[Replica, Replica]:
+async def leader(server: MemoryStore) -> Replica:
+    """Replica "a", started on its own, once it leads."""
     a = start(server, "a")
     await until(lambda: leading(a))
+    return a
+
+
+async def leader_and_standby(server: MemoryStore) -> tuple[Replica, Replica]:
+    a = await leader(server)
     b = start(server, "b")
     await until(lambda: b.elector.role is Role.STANDBY and len(server.queue) == 1)
     return a, b
@@ -137,8 +143,7 @@ def test_the_timings_these_tests_assume() -> None:
 
 def test_a_frozen_network_steps_down_at_lease_minus_margin_not_before() -> None:
     async def body(server: MemoryStore) -> None:
-        a = start(server, "a")
-        await until(lambda: leading(a))
+        a = await leader(server)
         led_at = a.terms[0][1]
         await asyncio.sleep(HEARTBEAT + 0.5)
         assert leading(a), "a heartbeat went through: still leading"
@@ -162,8 +167,7 @@ def test_a_frozen_network_steps_down_at_lease_minus_margin_not_before() -> None:
 
 def test_a_failed_heartbeat_steps_down_at_once_and_reconnects_after_a_backoff() -> None:
     async def body(server: MemoryStore) -> None:
-        a = start(server, "a")
-        await until(lambda: leading(a))
+        a = await leader(server)
         holding(server).beats = "fail"
         await until(lambda: not leading(a))
         led_at = a.terms[0][1]
@@ -235,8 +239,7 @@ def test_every_failure_of_a_term_is_logged_with_its_task(caplog: pytest.LogCaptu
     caplog.set_level(logging.INFO, logger="schedlock.lock")
 
     async def body(server: MemoryStore) -> None:
-        a = start(server, "a")
-        await until(lambda: leading(a))
+        a = await leader(server)
         holding(server).beats = "fail"
         await until(lambda: not leading(a))
         await a.stop()
@@ -294,8 +297,7 @@ def test_a_standby_behind_its_own_leader_hears_of_no_foreign_holder() -> None:
 
 def test_a_failed_unlock_is_fatal() -> None:
     async def body(server: MemoryStore) -> None:
-        a = start(server, "a")
-        await until(lambda: leading(a))
+        a = await leader(server)
         server.holder = None  # the lock is not ours any more, the session does not know
         a.stopping.set()
         with pytest.raises(UnlockFailed):

@@ -10,6 +10,7 @@ import itertools
 import random
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
+from typing import TypedDict, Unpack
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -978,26 +979,22 @@ def test_classify(status: int | None, expected: str) -> None:
 NOW = utc(2024, 1, 1, 12, 0, 0)
 
 
-def run_decide(
-    result: AttemptResult,
-    *,
-    attempt: int = 1,
-    max_attempts: int = 3,
-    backoff_seconds: float = 10.0,
-    due_at: datetime = NOW,
-    starting_deadline: float | None = None,
-    seed: int = 7,
-) -> Decision:
-    return decide(
-        result,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        backoff_seconds=backoff_seconds,
-        due_at=due_at,
-        starting_deadline=starting_deadline,
-        now=NOW,
-        rng=random.Random(seed),
-    )
+class Row(TypedDict, total=False):
+    """The row settings decide() reads, any of which a test may set (ROW's otherwise)."""
+
+    attempt: int
+    max_attempts: int
+    backoff_seconds: float
+    due_at: datetime
+    starting_deadline: float | None
+
+
+ROW = Row(attempt=1, max_attempts=3, backoff_seconds=10.0, due_at=NOW, starting_deadline=None)
+
+
+def run_decide(result: AttemptResult, *, seed: int = 7, **row: Unpack[Row]) -> Decision:
+    """decide() at NOW for a row with ROW's settings but for ``row``, its jitter seeded."""
+    return decide(result, **(ROW | row), now=NOW, rng=random.Random(seed))
 
 
 @pytest.mark.parametrize("status", [200, 202, 204])
