@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import psycopg
@@ -58,20 +59,19 @@ def due_times(url: str, prefix: str) -> dict[str, float]:
     return {str(uid): float(due) for uid, due in rows}
 
 
+@dataclass(eq=False)
 class RowStream:
     """Keeps rows due every ``spacing`` seconds from now until ``ahead`` seconds ahead."""
 
-    def __init__(
-        self, url: str, *, prefix: str, spacing: float, namespace: str, target: str
-    ) -> None:
-        self.url = url
-        self.prefix = prefix
-        self.spacing = spacing
-        self.namespace = namespace
-        self.target = target
-        self.next_due = time.time() + 0.5
-        self.issued = 0
-        self.conn: psycopg.Connection[Any] | None = None
+    url: str
+    _: KW_ONLY
+    prefix: str
+    spacing: float
+    namespace: str
+    target: str
+    next_due: float = field(default_factory=lambda: time.time() + 0.5)
+    issued: int = 0
+    conn: psycopg.Connection[Any] | None = None
 
     def top_up(self, ahead: float = 6.0) -> None:
         now = time.time()
