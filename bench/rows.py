@@ -29,11 +29,10 @@ def insert_due(
     count: int,
     start_at: float,
     spacing: float,
+    target: str,
     namespace: str = "default",
-    target: str = "demo",
-    first: int = 0,
 ) -> None:
-    """``count`` one-shot rows due at ``start_at`` (epoch seconds) + i × ``spacing``."""
+    """``count`` one-shot rows for ``target`` due at ``start_at`` (epoch seconds) + i × ``spacing``."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             INSERT,
@@ -44,7 +43,7 @@ def insert_due(
                 "start": start_at,
                 "spacing": spacing,
                 "count": count,
-                "first": first,
+                "first": 0,
             },
         )
 
