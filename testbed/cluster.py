@@ -547,13 +547,13 @@ class Cluster(StartStop):
         items = [] if pods is None else pods["items"]
         return bool(items) and all(_condition(pod, "Ready") for pod in items)
 
-    def _kubectl_output(self, *args: str, timeout: float = 120) -> str:
-        """What ``kubectl ARGS`` prints, whatever its exit status: a timeout's diagnosis."""
-        return self.kubectl(*args, check=False, timeout=timeout).stdout
+    def _kubectl_says(self, *args: str, timeout: float = 120) -> Callable[[], str]:
+        """For ``_wait(describe=…)``: what ``kubectl ARGS`` prints, whatever its exit status."""
+        return lambda: self.kubectl(*args, check=False, timeout=timeout).stdout
 
     def _describe_pods(self, namespace: str) -> str:
-        result = self._kubectl_output("describe", "pods", "-n", namespace, timeout=20)
-        return "\n".join(result.splitlines()[-40:])
+        result = self.kubectl("describe", "pods", "-n", namespace, check=False, timeout=20)
+        return "\n".join(result.stdout.splitlines()[-40:])
 
     def wait_pod_ready(self, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
         """Wait until pod NAMESPACE/NAME is Ready and return it; on timeout raise with the
@@ -572,9 +572,7 @@ class Cluster(StartStop):
             f"pod {namespace}/{name} Ready",
             ready,
             ["kubelet", "containerd"],
-            describe=lambda: self._kubectl_output(
-                "describe", "pod", name, "-n", namespace, timeout=20
-            ),
+            describe=self._kubectl_says("describe", "pod", name, "-n", namespace, timeout=20),
         )
         return found
 
@@ -647,7 +645,7 @@ class Cluster(StartStop):
             f"kube-proxy to route Service {namespace}/{name}",
             routed,
             ["kube-proxy", "kube-controller-manager"],
-            describe=lambda: self._kubectl_output(
+            describe=self._kubectl_says(
                 "get", "service,endpointslices", "-n", namespace, "-o", "wide"
             ),
         )
