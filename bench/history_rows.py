@@ -193,11 +193,11 @@ def load(
             conn.execute(ROWS, {**params, "lo": lo, "hi": hi})
             elapsed = time.monotonic() - started
             say(f"history: {hi:,} of {rows:,} rows loaded ({elapsed:.0f} s)")
-        inserted = time.monotonic() - started
+        inserted = time.monotonic()
         conn.execute("VACUUM (ANALYZE) schedlock_publishes")
         conn.execute("VACUUM (ANALYZE) schedlock_schedules")
         conn.execute("ANALYZE schedlock_terms")
-        vacuumed = time.monotonic() - started - inserted
+        analyzed = time.monotonic()
         size, heap = conn.execute(
             "SELECT pg_total_relation_size('schedlock_publishes'), "
             "pg_relation_size('schedlock_publishes')"
@@ -207,8 +207,8 @@ def load(
         keys=keys,
         schedules=schedules,
         span_s=span_s,
-        insert_s=inserted,
-        vacuum_analyze_s=vacuumed,
+        insert_s=inserted - started,
+        vacuum_analyze_s=analyzed - inserted,
         table_mb=int(size) / 2**20,
         heap_bytes_per_row=int(heap) / rows if rows else 0.0,
         loaded_at=now,

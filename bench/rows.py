@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import psycopg
@@ -28,11 +29,10 @@ def insert_due(
     count: int,
     start_at: float,
     spacing: float,
+    target: str,
     namespace: str = "default",
-    target: str = "demo",
-    first: int = 0,
 ) -> None:
-    """``count`` one-shot rows due at ``start_at`` (epoch seconds) + i × ``spacing``."""
+    """``count`` one-shot rows for ``target`` due at ``start_at`` (epoch seconds) + i × ``spacing``."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             INSERT,
@@ -43,7 +43,7 @@ def insert_due(
                 "start": start_at,
                 "spacing": spacing,
                 "count": count,
-                "first": first,
+                "first": 0,
             },
         )
 
@@ -58,20 +58,19 @@ def due_times(url: str, prefix: str) -> dict[str, float]:
     return {str(uid): float(due) for uid, due in rows}
 
 
+@dataclass(eq=False)
 class RowStream:
     """Keeps rows due every ``spacing`` seconds from now until ``ahead`` seconds ahead."""
 
-    def __init__(
-        self, url: str, *, prefix: str, spacing: float, namespace: str, target: str
-    ) -> None:
-        self.url = url
-        self.prefix = prefix
-        self.spacing = spacing
-        self.namespace = namespace
-        self.target = target
-        self.next_due = time.time() + 0.5
-        self.issued = 0
-        self.conn: psycopg.Connection[Any] | None = None
+    url: str
+    _: KW_ONLY
+    prefix: str
+    spacing: float
+    namespace: str
+    target: str
+    next_due: float = field(default_factory=lambda: time.time() + 0.5)
+    issued: int = 0
+    conn: psycopg.Connection[Any] | None = None
 
     def top_up(self, ahead: float = 6.0) -> None:
         now = time.time()

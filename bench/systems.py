@@ -51,8 +51,7 @@ async def until(
 ) -> T:
     """Poll ``predicate`` without blocking the event loop; its first truthy value, or raise."""
     deadline = Deadline(timeout, what)
-    while not (value := predicate()):
-        deadline.check()
+    while not (value := deadline.poll(predicate)):
         await asyncio.sleep(interval)
     return value
 

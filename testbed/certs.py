@@ -66,17 +66,24 @@ def x509_name(common_name: str, organization: str | None = None) -> x509.Name:
     return x509.Name(attributes)
 
 
+# The key usages no certificate here asserts (x509.KeyUsage takes every flag explicitly).
+_UNUSED_KEY_USAGES = (
+    "content_commitment",
+    "data_encipherment",
+    "key_agreement",
+    "encipher_only",
+    "decipher_only",
+)
+
+
 def key_usage(*, ca: bool) -> x509.KeyUsage:
+    """A CA's key signs certificates and CRLs; a leaf's signs and enciphers keys."""
     return x509.KeyUsage(
         digital_signature=True,
-        content_commitment=False,
         key_encipherment=not ca,
-        data_encipherment=False,
-        key_agreement=False,
         key_cert_sign=ca,
         crl_sign=ca,
-        encipher_only=False,
-        decipher_only=False,
+        **dict.fromkeys(_UNUSED_KEY_USAGES, False),
     )
 
 

@@ -547,6 +547,10 @@ class Cluster(StartStop):
         items = [] if pods is None else pods["items"]
         return bool(items) and all(_condition(pod, "Ready") for pod in items)
 
+    def _kubectl_says(self, *args: str, timeout: float = 120) -> Callable[[], str]:
+        """For ``_wait(describe=…)``: what ``kubectl ARGS`` prints, whatever its exit status."""
+        return lambda: self.kubectl(*args, check=False, timeout=timeout).stdout
+
     def _describe_pods(self, namespace: str) -> str:
         result = self.kubectl("describe", "pods", "-n", namespace, check=False, timeout=20)
         return "\n".join(result.stdout.splitlines()[-40:])
@@ -568,11 +572,7 @@ class Cluster(StartStop):
             f"pod {namespace}/{name} Ready",
             ready,
             ["kubelet", "containerd"],
-            describe=lambda: (
-                self.kubectl(
-                    "describe", "pod", name, "-n", namespace, check=False, timeout=20
-                ).stdout
-            ),
+            describe=self._kubectl_says("describe", "pod", name, "-n", namespace, timeout=20),
         )
         return found
 
@@ -645,10 +645,8 @@ class Cluster(StartStop):
             f"kube-proxy to route Service {namespace}/{name}",
             routed,
             ["kube-proxy", "kube-controller-manager"],
-            describe=lambda: (
-                self.kubectl(
-                    "get", "service,endpointslices", "-n", namespace, "-o", "wide", check=False
-                ).stdout
+            describe=self._kubectl_says(
+                "get", "service,endpointslices", "-n", namespace, "-o", "wide"
             ),
         )
 

@@ -117,49 +117,36 @@ log = logging.getLogger("devstack")
 # --------------------------------------------------------------------------- paths
 
 
+class _Below:
+    """A ``Paths`` attribute: the file or directory NAME below the stack's root."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, paths: Paths, owner: type[Paths]) -> Path:
+        return paths.root / self.name
+
+
 @dataclass(frozen=True)
 class Paths:
     """Where one stack keeps its files."""
 
     root: Path
 
+    pidfile = _Below("supervisor.pid")
+    state = _Below("state.json")
+    env = _Below("env")
+    kubeconfig = _Below("kubeconfig")
+    log = _Below("supervisor.log")
+    lock = _Below(".lock")
+    postgres = _Below("postgres")
+    cluster = _Below("cluster")
+
     @classmethod
     def from_env(cls) -> Paths:
         configured = os.environ.get(DEV_DIR_ENV)
         root = Path(configured) if configured else REPO / ".dev"
         return cls(root.expanduser().resolve())  # kube.py resolves its workdir: so do we
-
-    @property
-    def pidfile(self) -> Path:
-        return self.root / "supervisor.pid"
-
-    @property
-    def state(self) -> Path:
-        return self.root / "state.json"
-
-    @property
-    def env(self) -> Path:
-        return self.root / "env"
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.root / "kubeconfig"
-
-    @property
-    def log(self) -> Path:
-        return self.root / "supervisor.log"
-
-    @property
-    def lock(self) -> Path:
-        return self.root / ".lock"
-
-    @property
-    def postgres(self) -> Path:
-        return self.root / "postgres"
-
-    @property
-    def cluster(self) -> Path:
-        return self.root / "cluster"
 
     def display(self, path: Path | None = None) -> str:
         """PATH relative to the current directory when it is below it, else absolute."""
@@ -388,9 +375,7 @@ class Database(Component):
 
     name = "postgres"
 
-    def __init__(self, paths: Paths) -> None:
-        super().__init__(paths)
-        self.database: HostDatabase | None = None
+    database: HostDatabase | None = None  # set by start()
 
     @staticmethod
     def markers(paths: Paths) -> list[Marker]:
@@ -433,9 +418,7 @@ class Schedlock(Component):
 
     name = "schedlock"
 
-    def __init__(self, paths: Paths) -> None:
-        super().__init__(paths)
-        self.product: Product | None = None
+    product: Product | None = None  # set by start()
 
     @staticmethod
     def markers(paths: Paths) -> list[Marker]:

@@ -213,14 +213,16 @@ def _run_build(command: Sequence[str], *, cwd: Path, env: dict[str, str] | None 
         command,
         cwd=cwd,
         env=env,
-        capture_output=True,
+        # one stream: a failed build's messages in the order it printed them
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         check=False,
         timeout=_BUILD_TIMEOUT_SECONDS,
     )
     if result.returncode != 0:
         raise ImageBuildError(
-            f"`{' '.join(command)}` failed ({result.returncode}):\n{result.stdout}{result.stderr}"
+            f"`{' '.join(command)}` failed ({result.returncode}):\n{result.stdout}"
         )
 
 

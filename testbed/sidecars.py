@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from schedlock.core.metrics import Registry
 from schedlock.store import LockKey
@@ -24,6 +24,8 @@ from testbed.deliveries import complete_records
 from testbed.leaders import leader
 from testbed.pg import free_port
 from testbed.procs import NamedProcess, die_with_parent, terminate
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,15 +36,19 @@ def _bin(name: str) -> str:
 
 
 class Deadline:
-    """``check()`` raises TimeoutError, naming what was awaited, once ``timeout`` has passed."""
+    """One wait for a predicate, ``timeout`` seconds long: ``poll`` raises TimeoutError, naming
+    what was awaited, where the predicate is still false once the time has passed."""
 
     def __init__(self, timeout: float, what: str) -> None:
         self.timeout, self.what = timeout, what
         self.at = time.monotonic() + timeout
 
-    def check(self) -> None:
-        if time.monotonic() > self.at:
+    def poll(self, predicate: Callable[[], T | None]) -> T | None:
+        """PREDICATE's value; TimeoutError instead of a falsy one past the deadline."""
+        value = predicate()
+        if not value and time.monotonic() > self.at:
             raise TimeoutError(f"timed out after {self.timeout:g}s waiting for {self.what}")
+        return value
 
 
 def wait_for(
@@ -52,8 +58,7 @@ def wait_for(
     what: str = "condition",
 ) -> Any:
     deadline = Deadline(timeout, what)
-    while not (value := predicate()):
-        deadline.check()
+    while not (value := deadline.poll(predicate)):
         time.sleep(interval)
     return value
 

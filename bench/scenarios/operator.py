@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,25 +46,24 @@ def _api(kubeconfig: str) -> Any:
     return kube_client.module("client").CustomObjectsApi(api)
 
 
+@dataclass(eq=False)
 class PublishedWatch:
     """Records when each object's status first shows phase Published, from a watch.
 
     A stream that breaks is resumed from the last resourceVersion seen (``restarts``)."""
 
-    def __init__(self, api: Any, namespace: str = NAMESPACE) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.watch: Any = None
-        self.published: dict[str, float] = {}
-        self.seen: dict[str, float] = {}
-        self.phases: dict[str, str] = {}
-        self.resource_version: str | None = None
-        self.restarts = 0
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="published-watch", daemon=True)
+    api: Any
+    namespace: str = NAMESPACE
+    watch: Any = None
+    published: dict[str, float] = field(default_factory=dict)
+    seen: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, str] = field(default_factory=dict)
+    resource_version: str | None = None
+    restarts: int = 0
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> PublishedWatch:
-        self.thread.start()
+        threading.Thread(target=self._run, name="published-watch", daemon=True).start()
         return self
 
     def _run(self) -> None:
