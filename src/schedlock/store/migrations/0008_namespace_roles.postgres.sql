@@ -55,16 +55,12 @@ $$;
 
 -- Every function resolves names in this schema only (then pg_temp, never first): a role that
 -- can create objects elsewhere on the search path cannot stand in for a table or a function.
-DO $$
-DECLARE
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY['schedlock_served_namespaces(name)', 'schedlock_may_serve(text)',
-                             'schedlock_lock_objid(text)',
-                             'schedlock_lock_ids_taken(text, text, text)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
-    END LOOP;
-END $$;
+-- That path is set for the rest of this migration's transaction, and pinned FROM CURRENT.
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
+ALTER FUNCTION schedlock_served_namespaces(name) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_may_serve(text) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_lock_objid(text) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_lock_ids_taken(text, text, text) SET search_path FROM CURRENT;
 
 -- Row-level security, ENABLE and not FORCE: the owner (migrations, `schedlock migrate`) and
 -- superusers are not subject to it.  One policy per table for every command: USING hides and

@@ -7,10 +7,7 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
         -- include: 0008_namespace_roles.role_namespaces.part.sql
     END
 $$;
-DO $$
-BEGIN
-    EXECUTE format('ALTER FUNCTION schedlock_served_namespaces(name) SET search_path = %I, pg_temp',
-                   current_schema());
-END $$;
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
+ALTER FUNCTION schedlock_served_namespaces(name) SET search_path FROM CURRENT;
 DROP FUNCTION schedlock_foreign_lock_holder(integer, integer, text);
 DROP FUNCTION schedlock_role_namespaces(name);

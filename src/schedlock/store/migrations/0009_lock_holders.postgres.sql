@@ -47,13 +47,8 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
     ORDER BY h.pid
 $$;
 
-DO $$
-DECLARE
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY['schedlock_role_namespaces(name)',
-                             'schedlock_served_namespaces(name)',
-                             'schedlock_foreign_lock_holder(integer, integer, text)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
-    END LOOP;
-END $$;
+-- Pinned search_path, as 0008's (CREATE OR REPLACE left schedlock_served_namespaces() unpinned).
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
+ALTER FUNCTION schedlock_role_namespaces(name) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_served_namespaces(name) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_foreign_lock_holder(integer, integer, text) SET search_path FROM CURRENT;
