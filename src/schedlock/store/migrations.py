@@ -8,8 +8,8 @@ NOTIFY triggers and storage parameters).  ``NNNN_name.down.sql`` (and ``.down.<d
 undo them, the dialect's part first.  Only the ids, names and whether each is additive are
 recorded, so the files may be reorganised as long as each replays to the same schema
 (``tests/integration/test_store.py`` checks it; ``test_rollback.py`` that down then up is a
-replay too; ``hack/migrations_replay.py REV`` that every step, up and down, leaves the database
-REV's files left).
+replay too; ``hack/migrations_replay.py REV`` that every step, up and down, leaves the
+database as the files of git revision REV do).
 
 A line ``-- include: FILE`` (indented or not, also inside a ``$$`` body) stands for the text
 of ``FILE``, a part of the same folder that is no migration of its own
