@@ -1,1 +1,2 @@
-"""Developer scripts: the demo, manifest generation (run from the repository root)."""
+"""Developer scripts: the demo, manifest generation, the migrations' replay against a git
+revision (run from the repository root)."""

@@ -58,6 +58,25 @@ def test_the_loader_joins_each_dialects_parts_in_order() -> None:
     assert "timestamptz" not in lite[2].sql
 
 
+def test_an_include_line_stands_for_the_parts_text_without_its_comments() -> None:
+    body = "-- 0001 a's body: what it is\n\n    SELECT 1\n    -- kept: inside the body\n"
+    files = {
+        **FILES,
+        "0001_a.body.part.sql": body,  # no migration: its name is none of the convention's
+        "0002_b.postgres.sql": "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$\n"
+        "    -- include: 0001_a.body.part.sql\n$$;\n",
+        "0002_b.down.postgres.sql": "-- loses data: no\n-- include: 0001_a.body.part.sql\n",
+    }
+    pg = parse(files, "postgres")
+    assert [m.id for m in pg] == [1, 2, 3]
+    assert pg[1].sql.endswith(
+        "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$\n"
+        "    SELECT 1\n    -- kept: inside the body\n$$;\n"
+    )
+    assert pg[1].down_sql.startswith("-- loses data: no\n    SELECT 1\n    -- kept")
+    assert parse(files, "sqlite") == parse(FILES, "sqlite")
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -67,6 +86,18 @@ def test_the_loader_joins_each_dialects_parts_in_order() -> None:
         ({"0002_b.down.sql": "DROP INDEX b;\n"}, "0002_b's down step lacks its '-- loses data"),
         ({"0002_b.sql": None, "0002_b.down.sql": None}, "not numbered 1..n without gaps"),
         ({"0004_d.postgres.sql": "SELECT 1;\n"}, "0004_d has no 0004_d.sql"),
+        (
+            {"0002_b.postgres.sql": "  -- include: 0001_a.f.part.sql\n"},
+            "0002_b includes 0001_a.f.part.sql, which is not shipped",
+        ),
+        (
+            {
+                "0001_a.f.part.sql": "-- include: 0001_a.g.part.sql\n",
+                "0001_a.g.part.sql": "SELECT 1\n",
+                "0002_b.postgres.sql": "-- include: 0001_a.f.part.sql\n",
+            },
+            "0002_b includes 0001_a.f.part.sql, which includes more",
+        ),
     ],
 )
 def test_the_loader_refuses_files_that_break_the_convention(

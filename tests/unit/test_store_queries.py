@@ -38,6 +38,19 @@ def test_shared_queries_reach_psycopg_as_pyformat_outside_strings_and_casts() ->
     assert not re.search(r"(?<!:):[a-z_]", shared)
 
 
+def test_a_part_stands_where_a_query_of_either_dialect_includes_it() -> None:
+    pg, lite = queries.load("postgres"), queries.load("sqlite")
+    assert not {"claimed_row_columns", "prune_terms_schedules_and_reserves"} & pg.keys()
+    assert not any("-- include" in sql for sql in [*pg.values(), *lite.values()])
+    for sql in (pg["adopt_orphans"], lite["adopt_orphans"], lite["claim_due"]):
+        assert "octet_length(CAST(payload AS text)) AS payload_bytes" in sql
+        assert sql.rstrip().endswith("AS orphan")
+    for sql in (pg["prune_terms"], lite["prune_terms"]):
+        assert "FROM schedlock_reserves r" in sql and "s.state <> 'cancelled'" in sql
+    for name, sql in pg.items():  # parts included in postgres.sql are pyformat too
+        assert not re.search(r"(?<![:\w]):[a-z_]", re.sub(r"'[^']*'", "''", sql)), name
+
+
 def test_sqlite_reads_each_migration_without_postgresql_types() -> None:
     assert for_sqlite("id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now()") == (
         "id integer PRIMARY KEY AUTOINCREMENT, at text NOT NULL"

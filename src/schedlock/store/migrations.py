@@ -8,7 +8,15 @@ NOTIFY triggers and storage parameters).  ``NNNN_name.down.sql`` (and ``.down.<d
 undo them, the dialect's part first.  Only the ids, names and whether each is additive are
 recorded, so the files may be reorganised as long as each replays to the same schema
 (``tests/integration/test_store.py`` checks it; ``test_rollback.py`` that down then up is a
-replay too).
+replay too; ``hack/migrations_replay.py REV`` that every step, up and down, leaves the
+database as the files of git revision REV do).
+
+A line ``-- include: FILE`` (indented or not, also inside a ``$$`` body) stands for the text
+of ``FILE``, a part of the same folder that is no migration of its own
+(``NNNN_name.<what>.part.sql``, named for the migration that wrote it first), its leading
+comment block left out: what a later migration or a down step restores is written once, in
+the words of the migration that wrote it, and replays to the same definition.  A part is as
+frozen as the migrations that include it, and includes nothing itself.
 
 Two header lines, each in the leading comment block of its file, are required:
 
@@ -33,6 +41,7 @@ from schedlock.store.errors import MigrationRefused
 _NAME = re.compile(r"^(\d{4})_(\w+?)(\.down)?(?:\.(postgres|sqlite))?\.sql$")
 _ADDITIVE = re.compile(r"^--\s*additive:\s*(yes|no)\b", re.I)
 _LOSES_DATA = re.compile(r"^--\s*loses data:\s*(yes|no)\b", re.I)
+_INCLUDE = re.compile(r"^[ \t]*--[ \t]*include:[ \t]*(\S+)[ \t]*$", re.M)
 # PostgreSQL DDL -> SQLite DDL, in order (a rowid alias for ids; no server-side now()).
 SQLITE_TYPES = (
     (re.compile(r"\bbigserial PRIMARY KEY\b"), "integer PRIMARY KEY AUTOINCREMENT"),
@@ -95,7 +104,9 @@ def parse(files: Mapping[str, str], dialect: str) -> tuple[Migration, ...]:
         if not match or match.group(4) not in (None, dialect):
             continue
         key = (int(match.group(1)), match.group(2))
-        parts.setdefault(key, {})[(bool(match.group(3)), bool(match.group(4)))] = text
+        label = f"migration {match.group(1)}_{match.group(2)}"
+        kind = (bool(match.group(3)), bool(match.group(4)))
+        parts.setdefault(key, {})[kind] = _included(text, files, label)
     found: list[Migration] = []
     for (id_, name), texts in sorted(parts.items()):
         label = f"migration {id_:04d}_{name}"
@@ -125,6 +136,24 @@ def parse(files: Mapping[str, str], dialect: str) -> tuple[Migration, ...]:
     if ids != list(range(1, len(ids) + 1)):
         raise MigrationFilesError(f"{dialect} migrations are not numbered 1..n without gaps: {ids}")
     return tuple(found)
+
+
+def _included(sql: str, files: Mapping[str, str], label: str) -> str:
+    """``sql`` with each ``-- include: FILE`` line replaced by FILE's text (leading comments
+    left out)."""
+
+    def part(match: re.Match[str]) -> str:
+        text = files.get(match.group(1))
+        if text is None:
+            raise MigrationFilesError(f"{label} includes {match.group(1)}, which is not shipped")
+        if _INCLUDE.search(text):
+            raise MigrationFilesError(f"{label} includes {match.group(1)}, which includes more")
+        lines = text.rstrip("\n").splitlines()
+        while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+            lines.pop(0)
+        return "\n".join(lines)
+
+    return _INCLUDE.sub(part, sql)
 
 
 def _joined(sqls: Iterable[str | None]) -> str:

@@ -3,29 +3,59 @@
 ``queries/common.sql`` holds the statements both dialects run as written (``:name``
 parameters, ``now()`` — the transaction's timestamp on PostgreSQL, the session's on SQLite);
 ``queries/<dialect>.sql`` holds the ones that differ, under the same names.
+
+``common.sql`` also holds parts (``-- part: <part>`` headers): lines that queries of either
+file share, each written once and standing where a query has a line ``-- include: <part>``
+(the rules for pruning a key's term that both dialects' ``prune_terms`` apply, say).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 
-_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.M)
+_HEADER = re.compile(r"^-- (name|part): (\w+)\s*$", re.M)
+_INCLUDE = re.compile(r"^[ \t]*-- include: (\w+)[ \t]*$", re.M)
 # A ``:name`` parameter outside a string literal (``::type`` casts are not parameters).
 _PARAM = re.compile(r"'[^']*'|(?<!:):([a-z_]\w*)")
 
 
-def _parse(file: str) -> dict[str, str]:
+def _parse(file: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The queries and the parts of ``file``, as written (a part without its comments)."""
     text = resources.files("schedlock.store").joinpath(f"queries/{file}").read_text("utf-8")
-    parts = _HEADER.split(text)
+    pieces = _HEADER.split(text)
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
+    parts: dict[str, str] = {}
+    for kind, name, body in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
+        if name in queries or name in parts:
             raise ValueError(f"query {name!r} is defined twice in {file}")
-        lines = [line for line in body.strip().splitlines() if not line.lstrip().startswith("--")]
-        queries[name] = "\n".join(lines).strip().rstrip(";")
-    return queries
+        if kind == "name":
+            queries[name] = body
+        else:
+            lines = body.splitlines()
+            parts[name] = "\n".join(s for s in lines if s.strip() and not _comment(s))
+    return queries, parts
+
+
+def _query(body: str, parts: Mapping[str, str], file: str) -> str:
+    """A query's text: each ``-- include: <part>`` line replaced by the part, comments left
+    out."""
+
+    def part(match: re.Match[str]) -> str:
+        if match.group(1) not in parts:
+            raise ValueError(
+                f"a query of {file} includes {match.group(1)!r}, no part of common.sql"
+            )
+        return parts[match.group(1)]
+
+    lines = [line for line in _INCLUDE.sub(part, body).strip().splitlines() if not _comment(line)]
+    return "\n".join(lines).strip().rstrip(";")
+
+
+def _comment(line: str) -> bool:
+    return line.lstrip().startswith("--")
 
 
 def pyformat(sql: str) -> str:
@@ -35,10 +65,15 @@ def pyformat(sql: str) -> str:
 
 @cache
 def load(dialect: str) -> dict[str, str]:
-    common = _parse("common.sql")
+    common_queries, parts = _parse("common.sql")
+    common = {name: _query(body, parts, "common.sql") for name, body in common_queries.items()}
     if dialect == "postgres":
         common = {name: pyformat(sql) for name, sql in common.items()}
-    own = _parse(f"{dialect}.sql")
+        parts = {name: pyformat(sql) for name, sql in parts.items()}
+    own_queries, own_parts = _parse(f"{dialect}.sql")
+    if own_parts:
+        raise ValueError(f"parts {sorted(own_parts)} belong in common.sql, not {dialect}.sql")
+    own = {name: _query(body, parts, f"{dialect}.sql") for name, body in own_queries.items()}
     if both := sorted(common.keys() & own.keys()):
         raise ValueError(f"queries {both} are in both common.sql and {dialect}.sql")
     return {**common, **own}

@@ -18,15 +18,7 @@ CREATE FUNCTION schedlock_served_namespaces(member name) RETURNS text[]
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT CASE
         WHEN NOT pg_has_role(session_user, member, 'MEMBER') THEN '{}'::text[]
-        WHEN EXISTS (SELECT 1 FROM pg_roles r
-                     WHERE r.rolname = member AND (r.rolsuper OR r.rolbypassrls))
-          OR pg_has_role(member, (SELECT c.relowner FROM pg_class c
-                                  WHERE c.oid = 'schedlock_publishes'::regclass), 'USAGE')
-        THEN '{*}'::text[]
-        ELSE ARRAY(SELECT DISTINCT m.namespace
-                   FROM schedlock_namespace_roles m JOIN pg_roles r ON r.rolname = m.role
-                   WHERE pg_has_role(member, r.oid, 'USAGE')
-                   ORDER BY m.namespace)
+        -- include: 0008_namespace_roles.role_namespaces.part.sql
     END
 $$;
 
@@ -63,41 +55,23 @@ $$;
 
 -- Every function resolves names in this schema only (then pg_temp, never first): a role that
 -- can create objects elsewhere on the search path cannot stand in for a table or a function.
-DO $$
-DECLARE
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY['schedlock_served_namespaces(name)', 'schedlock_may_serve(text)',
-                             'schedlock_lock_objid(text)',
-                             'schedlock_lock_ids_taken(text, text, text)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
-    END LOOP;
-END $$;
+-- That path is set for the rest of this migration's transaction, and pinned FROM CURRENT.
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
+ALTER FUNCTION schedlock_served_namespaces(name) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_may_serve(text) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_lock_objid(text) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_lock_ids_taken(text, text, text) SET search_path FROM CURRENT;
 
 -- Row-level security, ENABLE and not FORCE: the owner (migrations, `schedlock migrate`) and
 -- superusers are not subject to it.  One policy per table for every command: USING hides and
 -- protects the rows of namespaces the role may not serve (SELECT, UPDATE, DELETE match 0 rows
 -- there), WITH CHECK refuses a row written into one (INSERT, or an UPDATE moving a row there).
 -- A terms row must also carry its key's own lock ids.  Each takes a brief ACCESS EXCLUSIVE lock.
-DO $$
-DECLARE
-    t text;
-    served constant text := '(namespace = ANY ((SELECT schedlock_served_namespaces(current_user))::text[]) '
-                            'OR (SELECT ''*'' = ANY (schedlock_served_namespaces(current_user))))';
-BEGIN
-    FOREACH t IN ARRAY ARRAY['schedlock_publishes', 'schedlock_schedules', 'schedlock_reserves']
-    LOOP
-        EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY', t);
-        EXECUTE format('CREATE POLICY schedlock_served ON %I USING %s WITH CHECK %s',
-                       t, served, served);
-    END LOOP;
-    ALTER TABLE schedlock_terms ENABLE ROW LEVEL SECURITY;
-    EXECUTE format(
-        'CREATE POLICY schedlock_served ON schedlock_terms USING %s WITH CHECK (%s AND '
-        'lock_classid = 1396919371 AND lock_objid = schedlock_lock_objid('
-        '''schedlock/v1/'' || scheduler || ''/'' || namespace || ''/'' || target))',
-        served, served);
-END $$;
+ALTER TABLE schedlock_publishes ENABLE ROW LEVEL SECURITY;
+ALTER TABLE schedlock_schedules ENABLE ROW LEVEL SECURITY;
+ALTER TABLE schedlock_reserves ENABLE ROW LEVEL SECURITY;
+ALTER TABLE schedlock_terms ENABLE ROW LEVEL SECURITY;
+-- include: 0008_namespace_roles.served_policies.part.sql
 
 -- Existing installs keep firing: every role that holds privileges on the publishes today (the
 -- roles `migrate --grant-…` granted) may serve every namespace, as it could before.  Narrow

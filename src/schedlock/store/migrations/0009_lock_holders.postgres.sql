@@ -8,15 +8,7 @@
 CREATE FUNCTION schedlock_role_namespaces(member name) RETURNS text[]
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM pg_roles r
-                     WHERE r.rolname = member AND (r.rolsuper OR r.rolbypassrls))
-          OR pg_has_role(member, (SELECT c.relowner FROM pg_class c
-                                  WHERE c.oid = 'schedlock_publishes'::regclass), 'USAGE')
-        THEN '{*}'::text[]
-        ELSE ARRAY(SELECT DISTINCT m.namespace
-                   FROM schedlock_namespace_roles m JOIN pg_roles r ON r.rolname = m.role
-                   WHERE pg_has_role(member, r.oid, 'USAGE')
-                   ORDER BY m.namespace)
+        -- include: 0008_namespace_roles.role_namespaces.part.sql
     END
 $$;
 REVOKE EXECUTE ON FUNCTION schedlock_role_namespaces(name) FROM PUBLIC;
@@ -55,13 +47,8 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
     ORDER BY h.pid
 $$;
 
-DO $$
-DECLARE
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY['schedlock_role_namespaces(name)',
-                             'schedlock_served_namespaces(name)',
-                             'schedlock_foreign_lock_holder(integer, integer, text)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
-    END LOOP;
-END $$;
+-- Pinned search_path, as 0008's (CREATE OR REPLACE left schedlock_served_namespaces() unpinned).
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
+ALTER FUNCTION schedlock_role_namespaces(name) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_served_namespaces(name) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_foreign_lock_holder(integer, integer, text) SET search_path FROM CURRENT;

@@ -84,16 +84,14 @@ $$;
 -- not PUBLIC's: `migrate --grant-sidecar` grants it; the roles that hold privileges on the
 -- publishes now (granted by an earlier release) get it here, so that this release's binaries
 -- run under them before they are re-granted.
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
+ALTER FUNCTION schedlock_session_serves(text) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_insert_slot(bigint, timestamptz, bigint, integer) SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_begin_term(text, text, text, text) SET search_path FROM CURRENT;
 DO $$
 DECLARE
-    f text;
     r text;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['schedlock_session_serves(text)',
-                             'schedlock_insert_slot(bigint, timestamptz, bigint, integer)',
-                             'schedlock_begin_term(text, text, text, text)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
-    END LOOP;
     REVOKE EXECUTE ON FUNCTION schedlock_insert_slot(bigint, timestamptz, bigint, integer),
                                schedlock_begin_term(text, text, text, text) FROM PUBLIC;
     FOR r IN SELECT DISTINCT pg_get_userbyid(a.grantee)

@@ -14,23 +14,7 @@ BEGIN
     END LOOP;
 END $$;
 DROP POLICY schedlock_own_lock_ids ON schedlock_terms;
-DO $$
-DECLARE
-    t text;
-    served constant text := '(namespace = ANY ((SELECT schedlock_served_namespaces(current_user))::text[]) '
-                            'OR (SELECT ''*'' = ANY (schedlock_served_namespaces(current_user))))';
-BEGIN
-    FOREACH t IN ARRAY ARRAY['schedlock_publishes', 'schedlock_schedules', 'schedlock_reserves']
-    LOOP
-        EXECUTE format('CREATE POLICY schedlock_served ON %I USING %s WITH CHECK %s',
-                       t, served, served);
-    END LOOP;
-    EXECUTE format(
-        'CREATE POLICY schedlock_served ON schedlock_terms USING %s WITH CHECK (%s AND '
-        'lock_classid = 1396919371 AND lock_objid = schedlock_lock_objid('
-        '''schedlock/v1/'' || scheduler || ''/'' || namespace || ''/'' || target))',
-        served, served);
-END $$;
+-- include: 0008_namespace_roles.served_policies.part.sql
 DROP FUNCTION schedlock_namespace_roles_changed();
 DROP FUNCTION schedlock_apply_role_policies();
 DROP FUNCTION schedlock_role_policies_drift();

@@ -106,16 +106,13 @@ BEGIN
 END
 $$;
 
-DO $$
-DECLARE
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY['schedlock_role_policies_drift()', 'schedlock_apply_role_policies()',
-                             'schedlock_namespace_roles_changed()'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
-    END LOOP;
-END $$;
+-- Pinned search_path, as 0008's; EXECUTE is not PUBLIC's.
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
+ALTER FUNCTION schedlock_role_policies_drift() SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_apply_role_policies() SET search_path FROM CURRENT;
+ALTER FUNCTION schedlock_namespace_roles_changed() SET search_path FROM CURRENT;
+REVOKE EXECUTE ON FUNCTION schedlock_role_policies_drift(), schedlock_apply_role_policies(),
+                           schedlock_namespace_roles_changed() FROM PUBLIC;
 
 -- 0008's function-based policies go; a terms row written by a runtime role must still carry
 -- its key's own lock ids (0008's WITH CHECK), now as a restrictive policy on top of the role's

@@ -28,6 +28,14 @@ UPDATE schedlock_terms SET heartbeat_at = now(), released_at = now()
 WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
   AND term = :term;
 
+-- part: claimed_row_columns
+-- What a leader delivers of a row it claims or adopts (RETURNING), before the query's orphan
+-- flag: the payload is left out when over the limit, its size returned either way.
+          id, uid, namespace, name, target, due_at,
+          CASE WHEN octet_length(CAST(payload AS text)) <= :max_payload_bytes THEN payload END AS payload,
+          octet_length(CAST(payload AS text)) AS payload_bytes, attempts AS attempt, max_attempts,
+          backoff_seconds, starting_deadline_seconds, now() AS db_now,
+
 -- name: adopt_orphans
 -- Rows left in 'firing' by an earlier term with attempts left: fire them again (same
 -- idempotency key).  The payload is left out when over the limit, as claim_due does.
@@ -38,10 +46,9 @@ WHERE scheduler = :scheduler AND namespace = :namespace AND target = :target
   AND EXISTS (SELECT 1 FROM schedlock_terms t
               WHERE t.scheduler = :scheduler AND t.namespace = :namespace
                 AND t.target = :target AND t.term = :term)
-RETURNING id, uid, namespace, name, target, due_at,
-          CASE WHEN octet_length(CAST(payload AS text)) <= :max_payload_bytes THEN payload END AS payload,
-          octet_length(CAST(payload AS text)) AS payload_bytes, attempts AS attempt, max_attempts,
-          backoff_seconds, starting_deadline_seconds, now() AS db_now, true AS orphan;
+RETURNING
+          -- include: claimed_row_columns
+          true AS orphan;
 
 -- name: exhausted_orphans
 -- Rows left in 'firing' by an earlier term whose last attempt was that delivery: max_attempts
@@ -248,3 +255,14 @@ INSERT INTO schedlock_sync_cursors (name, watermark_at, holder, updated_at)
 VALUES (:name, :watermark_at, :holder, now())
 ON CONFLICT (name) DO UPDATE
 SET watermark_at = excluded.watermark_at, holder = excluded.holder, updated_at = now();
+
+-- part: prune_terms_schedules_and_reserves
+-- Of the conditions on a key's term (k) that both dialects' prune_terms check: no live schedule
+-- of its target (recurring), no live reserve.
+      AND NOT (k.scheduler = 'recurring' AND EXISTS (
+                   SELECT 1 FROM schedlock_schedules s
+                   WHERE s.namespace = k.namespace AND s.target = k.target
+                     AND s.state <> 'cancelled'))
+      AND NOT EXISTS (SELECT 1 FROM schedlock_reserves r
+                      WHERE r.scheduler = k.scheduler AND r.namespace = k.namespace
+                        AND r.target = k.target AND r.expires_at > now())

@@ -526,13 +526,7 @@ WHERE (scheduler, namespace, target) IN (
       AND NOT EXISTS (SELECT 1 FROM schedlock_publishes p
                       WHERE p.state = 'suspended' AND p.scheduler = k.scheduler
                         AND p.namespace = k.namespace AND p.target = k.target)
-      AND NOT (k.scheduler = 'recurring' AND EXISTS (
-                   SELECT 1 FROM schedlock_schedules s
-                   WHERE s.namespace = k.namespace AND s.target = k.target
-                     AND s.state <> 'cancelled'))
-      AND NOT EXISTS (SELECT 1 FROM schedlock_reserves r
-                      WHERE r.scheduler = k.scheduler AND r.namespace = k.namespace
-                        AND r.target = k.target AND r.expires_at > now())
+      -- include: prune_terms_schedules_and_reserves
       AND NOT EXISTS (SELECT 1 FROM pg_locks l
                       WHERE l.locktype = 'advisory' AND l.classid = k.lock_classid::oid
                         AND l.objid = k.lock_objid::oid AND l.objsubid = 2)

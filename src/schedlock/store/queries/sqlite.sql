@@ -48,10 +48,9 @@ WHERE id IN (
   AND EXISTS (SELECT 1 FROM schedlock_terms t
               WHERE t.scheduler = :scheduler AND t.namespace = :namespace
                 AND t.target = :target AND t.term = :term)
-RETURNING id, uid, namespace, name, target, due_at,
-          CASE WHEN length(CAST(payload AS BLOB)) <= :max_payload_bytes THEN payload END AS payload,
-          length(CAST(payload AS BLOB)) AS payload_bytes, attempts AS attempt, max_attempts,
-          backoff_seconds, starting_deadline_seconds, now() AS db_now, false AS orphan;
+RETURNING
+          -- include: claimed_row_columns
+          false AS orphan;
 
 -- name: next_due
 SELECT (julianday(min(next_attempt_at)) - julianday(now())) * 86400.0 AS next_due_in
@@ -208,13 +207,7 @@ WHERE rowid IN (
                       WHERE p.scheduler = k.scheduler AND p.namespace = k.namespace
                         AND p.target = k.target
                         AND p.state IN ('scheduled', 'firing', 'suspended'))
-      AND NOT (k.scheduler = 'recurring' AND EXISTS (
-                   SELECT 1 FROM schedlock_schedules s
-                   WHERE s.namespace = k.namespace AND s.target = k.target
-                     AND s.state <> 'cancelled'))
-      AND NOT EXISTS (SELECT 1 FROM schedlock_reserves r
-                      WHERE r.scheduler = k.scheduler AND r.namespace = k.namespace
-                        AND r.target = k.target AND r.expires_at > now())
+      -- include: prune_terms_schedules_and_reserves
     LIMIT :limit);
 
 -- name: history_stats
