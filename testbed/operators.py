@@ -25,7 +25,7 @@ from schedlock.operator.injection import LABEL_INJECT, LABEL_INJECT_VALUE
 from testbed.certs import ServingCert, serving_cert
 from testbed.kube import KubeAPIServer
 from testbed.pg import free_port
-from testbed.pg_fixtures import OPERATOR_ROLE, SIDECAR_ROLE, PostgresService, as_role
+from testbed.pg_fixtures import OPERATOR_ROLE, RUNTIME_ENV, SIDECAR_ROLE, PostgresService, as_role
 from testbed.procs import die_with_parent, terminate
 from testbed.rbac import operator_rbac
 from testbed.sidecars import SidecarGroup, http_get, wait_for
@@ -287,7 +287,7 @@ def operator_stack(
         as_role(database, OPERATOR_ROLE),  # least privilege, no DDL
         operator_kubeconfig(kube),
         webhook=cert,
-        extra_env={"SCHEDLOCK_MIGRATE": "off", **(operator_env or {})},
+        extra_env={**RUNTIME_ENV, **(operator_env or {})},
     ).start()
     if cert is not None:
         kube.apply(webhook_configuration(operator.webhook_port, cert.ca_pem))
@@ -297,7 +297,7 @@ def operator_stack(
         as_role(database, SIDECAR_ROLE),
         namespace=namespace,
         replicas=2,
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+        extra_env=RUNTIME_ENV,
     ).start()
     try:
         yield cls(kube, database, namespace, operator, sidecars)

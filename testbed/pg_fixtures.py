@@ -156,6 +156,11 @@ def as_role(url: str, role: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
 
 
+# The environment of a sidecar or operator under a runtime role (as_role): such a role has no
+# DDL, so it must not migrate; the schema is changed by `schedlock migrate` as the owner only.
+RUNTIME_ENV = {"SCHEDLOCK_MIGRATE": "off"}
+
+
 @pytest.fixture(scope="session")
 def runtime_roles(postgres: PostgresService) -> tuple[str, str]:
     """The sidecar's and the operator's login roles (server-wide: created once per session)."""

@@ -30,7 +30,7 @@ from schedlock.core.logs import Event, records
 from schedlock.store.keys import LEADER_CLASS_ID, SCHEDLOCK_CLASS_ID, STANDBY_CLASS_ID
 from testbed.leaders import statuses
 from testbed.pg import PostgresServer
-from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
+from testbed.pg_fixtures import RUNTIME_ENV, SIDECAR_ROLE, PostgresService, as_role
 from testbed.rows import insert_rows, wait_published
 from testbed.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
 
@@ -57,7 +57,7 @@ def publish_only(interval: float) -> dict[str, str]:
     with two standby places (the places and reserves are what these tests are about)."""
     return {
         **FAST,
-        "SCHEDLOCK_MIGRATE": "off",
+        **RUNTIME_ENV,
         "SCHEDLOCK_SCHEDULERS": "publish",
         "SCHEDLOCK_STANDBYS": "2",
         "SCHEDLOCK_RESERVE_CHECK_SECONDS": str(interval),
@@ -126,7 +126,7 @@ def sidecar_url(migrated_database: str) -> str:
 def test_twenty_replicas_of_two_targets_hold_four_sessions_and_fail_over_within_a_second(
     tmp_path: Path, migrated_database: str, sidecar_url: str
 ) -> None:
-    env = {**FAST, "SCHEDLOCK_MIGRATE": "off", "SCHEDLOCK_RESERVE_CHECK_SECONDS": "2"}
+    env = {**FAST, **RUNTIME_ENV, "SCHEDLOCK_RESERVE_CHECK_SECONDS": "2"}
     groups = [
         SidecarGroup(tmp_path / t, sidecar_url, target=t, replicas=20, extra_env=env)
         for t in ("alpha", "beta")
@@ -290,7 +290,7 @@ def test_fifty_replicas_at_default_max_connections_beside_an_app_pool_of_fifty(
     assert one(url, "SHOW max_connections") == "100"
     app_url = as_role(url, "app_user")
     pool = [psycopg.connect(app_url, autocommit=True) for _ in range(50)]
-    env = {**FAST, "SCHEDLOCK_MIGRATE": "off", "SCHEDLOCK_RESERVE_CHECK_SECONDS": "2"}
+    env = {**FAST, **RUNTIME_ENV, "SCHEDLOCK_RESERVE_CHECK_SECONDS": "2"}
     group = SidecarGroup(tmp_path, as_role(url, SIDECAR_ROLE), replicas=50, extra_env=env)
     try:
         started = time.monotonic()

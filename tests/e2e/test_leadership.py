@@ -18,7 +18,7 @@ from schedlock.core.logs import Event, records
 from schedlock.store.keys import LEADER_CLASS_ID, LockKey
 from testbed.checks import assert_duplicates_only_across_crash, assert_one_leader_at_a_time
 from testbed.leaders import leaders
-from testbed.pg_fixtures import SIDECAR_ROLE, PostgresService, as_role
+from testbed.pg_fixtures import RUNTIME_ENV, SIDECAR_ROLE, PostgresService, as_role
 from testbed.rows import insert_rows, wait_published
 from testbed.sidecars import SidecarGroup, SidecarProcess, schedlock_cli, wait_for
 
@@ -33,7 +33,7 @@ SLACK = 1.0
 def group(tmp_path: Path, migrated_database: str) -> Iterator[SidecarGroup]:
     sidecar_url = as_role(migrated_database, SIDECAR_ROLE)  # no DDL, least privilege
     replicas = SidecarGroup(
-        tmp_path, sidecar_url, replicas=3, extra_env={**FAST, "SCHEDLOCK_MIGRATE": "off"}
+        tmp_path, sidecar_url, replicas=3, extra_env={**FAST, **RUNTIME_ENV}
     ).start()
     try:
         yield replicas

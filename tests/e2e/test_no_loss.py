@@ -10,7 +10,7 @@ from schedlock.core.identities import Scheduler
 from schedlock.store import LockKey
 from testbed.checks import assert_duplicates_only_across_crash
 from testbed.leaders import statuses
-from testbed.pg_fixtures import SIDECAR_ROLE, as_role
+from testbed.pg_fixtures import RUNTIME_ENV, SIDECAR_ROLE, as_role
 from testbed.rows import insert_rows, row_states
 from testbed.sidecars import SidecarGroup, wait_for
 
@@ -20,10 +20,7 @@ KILLS = 4
 
 def test_repeated_leader_kills_lose_nothing(tmp_path: Path, migrated_database: str) -> None:
     group = SidecarGroup(
-        tmp_path,
-        as_role(migrated_database, SIDECAR_ROLE),
-        replicas=3,
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+        tmp_path, as_role(migrated_database, SIDECAR_ROLE), replicas=3, extra_env=RUNTIME_ENV
     ).start()
     try:
         uids = insert_rows(migrated_database, ROWS, start_in=1.0, spacing=0.005, prefix="bulk")

@@ -25,7 +25,7 @@ from testbed.operators import (
     mutating_webhook_configuration,
     operator_stack_fixture,
 )
-from testbed.pg_fixtures import OPERATOR_ROLE, as_role
+from testbed.pg_fixtures import OPERATOR_ROLE, RUNTIME_ENV, as_role
 from testbed.sidecars import wait_for
 
 NAMESPACE = "e2e-publish"
@@ -441,7 +441,7 @@ def test_one_status_sync_at_a_time_and_a_clean_shutdown(stack: Stack, tmp_path: 
         tmp_path / "second",
         as_role(stack.database, OPERATOR_ROLE),
         stack.operator.kubeconfig,
-        extra_env={"SCHEDLOCK_MIGRATE": "off", "SCHEDLOCK_HOLDER": "operator-two"},
+        extra_env={**RUNTIME_ENV, "SCHEDLOCK_HOLDER": "operator-two"},
     )
     second.start()
     try:

@@ -20,17 +20,14 @@ from schedlock.core.logs import Event, records
 from schedlock.store import GrantRequest, open_store
 from testbed.kube import KubeAPIServer
 from testbed.operators import OperatorProcess, install_crd, operator_kubeconfig
-from testbed.pg_fixtures import PostgresService, as_role, with_dbname
+from testbed.pg_fixtures import RUNTIME_ENV, PostgresService, as_role, with_dbname
 from testbed.sidecars import http_get, wait_for
 
 
 def start_operator(tmp_path: Path, kube: KubeAPIServer, url: str) -> OperatorProcess:
     install_crd(kube)
     return OperatorProcess(
-        tmp_path / "operator",
-        url,
-        operator_kubeconfig(kube),
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+        tmp_path / "operator", url, operator_kubeconfig(kube), extra_env=RUNTIME_ENV
     ).start()
 
 
@@ -139,10 +136,7 @@ def test_a_role_that_may_not_serve_what_it_watches_exits_2(
     install_crd(kube)
     url = as_role(migrated_database, role)
     cluster_wide = OperatorProcess(
-        tmp_path / "cluster-wide",
-        url,
-        operator_kubeconfig(kube),
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+        tmp_path / "cluster-wide", url, operator_kubeconfig(kube), extra_env=RUNTIME_ENV
     )
     cluster_wide.spawn()
     assert cluster_wide.process is not None
@@ -160,7 +154,7 @@ def test_a_role_that_may_not_serve_what_it_watches_exits_2(
         tmp_path / "scoped",
         url,
         operator_kubeconfig(kube),
-        extra_env={"SCHEDLOCK_MIGRATE": "off", "SCHEDLOCK_WATCH_NAMESPACES": kube_namespace},
+        extra_env={**RUNTIME_ENV, "SCHEDLOCK_WATCH_NAMESPACES": kube_namespace},
     ).start()
     try:
         works_after_recovery(scoped, kube, migrated_database, kube_namespace)

@@ -47,6 +47,7 @@ import pytest
 from schedlock.core.logs import Event, records
 from schedlock.store import LockKey, open_store
 from testbed.pg import PostgresServer
+from testbed.pg_fixtures import RUNTIME_ENV
 from testbed.rows import fetch, insert_rows, row_states, wait_published
 from testbed.sidecars import SidecarGroup, SidecarProcess, http_get, wait_for
 from testbed.sidecars import schedlock_cli as cli
@@ -56,7 +57,6 @@ ROLE_A, ROLE_B, OPS_B = "tenant_a", "tenant_b", "ops_b"  # ops_b: an operator ro
 PASSWORDS = {ROLE_A: "a-pass-7f3", ROLE_B: "b-pass-9c1", OPS_B: "ops-pass-4d2"}
 TABLES = ("schedlock_publishes", "schedlock_schedules", "schedlock_terms", "schedlock_reserves")
 B_ROWS, A_ROWS = 20, 10
-RUNTIME_ENV = {"SCHEDLOCK_MIGRATE": "off"}  # a runtime role has no DDL
 REFUSED_BY_POLICY = "violates row-level security policy"
 NOT_GRANTED = "permission denied"
 A_SCHEDULE = "rec-a"  # an @every schedule of A's: its slots are 'rec-a@<time>'
@@ -78,7 +78,7 @@ class Tenancy:
 
 def squatter(tenancy: Tenancy, workdir: Path, name: str) -> SidecarProcess:
     """An unmodified sidecar holding A's credential, configured for namespace B."""
-    env = {"SCHEDLOCK_NAMESPACE": NS_B, "SCHEDLOCK_MIGRATE": "off"}
+    env = {"SCHEDLOCK_NAMESPACE": NS_B, **RUNTIME_ENV}
     return SidecarProcess.for_stand_in_app(name, workdir, tenancy.url_a, **env).start()
 
 

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from schedlock.core.identities import parse_rfc3339
-from testbed.pg_fixtures import SIDECAR_ROLE, as_role
+from testbed.pg_fixtures import RUNTIME_ENV, SIDECAR_ROLE, as_role
 from testbed.rows import fetch, insert_rows
 from testbed.sidecars import SidecarGroup, wait_for
 
@@ -82,7 +82,7 @@ def test_poison_rows_fail_alone_and_the_good_ones_fire_on_time(
     assert refused.value.diag.constraint_name == "schedlock_publishes_payload_size"
 
     group = SidecarGroup(
-        tmp_path, as_role(url, SIDECAR_ROLE), replicas=1, extra_env={"SCHEDLOCK_MIGRATE": "off"}
+        tmp_path, as_role(url, SIDECAR_ROLE), replicas=1, extra_env=RUNTIME_ENV
     ).start()
     try:
         receiver = group.receiver

@@ -22,6 +22,7 @@ import pytest
 
 from testbed.operators import OperatorProcess
 from testbed.pg import PostgresServer
+from testbed.pg_fixtures import RUNTIME_ENV
 from testbed.sidecars import SidecarProcess, http_get, wait_for
 
 PASSWORD = "S3cr3t-%zz-🙂"
@@ -185,7 +186,7 @@ def test_an_operator_says_why_before_it_needs_kubernetes(
         tmp_path / "operator",
         form.replace("{port}", str(checking_server.port)),
         kubeconfig,
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+        extra_env=RUNTIME_ENV,
     ).start()
     readyz = f"http://127.0.0.1:{operator.health_port}/readyz"
     try:

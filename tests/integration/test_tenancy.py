@@ -10,7 +10,13 @@ import psycopg
 import pytest
 
 from schedlock.store import GrantRequest, open_store
-from testbed.pg_fixtures import BEFORE_COLUMN_GRANTS, PostgresService, as_role, grant_table_wide
+from testbed.pg_fixtures import (
+    BEFORE_COLUMN_GRANTS,
+    RUNTIME_ENV,
+    PostgresService,
+    as_role,
+    grant_table_wide,
+)
 from testbed.rows import insert_rows, row_states, wait_published
 from testbed.sidecars import SidecarGroup, wait_for
 
@@ -75,10 +81,7 @@ def test_a_sidecar_role_of_the_release_before_fires_through_the_column_grants(
         return count
 
     group = SidecarGroup(
-        tmp_path,
-        as_role(database, sidecar_role),
-        replicas=1,
-        extra_env={"SCHEDLOCK_MIGRATE": "off"},
+        tmp_path, as_role(database, sidecar_role), replicas=1, extra_env=RUNTIME_ENV
     ).start()
     try:
         insert_rows(database, 5, start_in=0.2, prefix="before")

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from testbed.pg import PostgresServer
+from testbed.pg_fixtures import RUNTIME_ENV
 from testbed.rows import insert_rows, wait_published
 from testbed.sidecars import SidecarGroup, SidecarProcess
 from testbed.sidecars import schedlock_cli as cli
@@ -28,7 +29,6 @@ from testbed.sidecars import schedlock_cli as cli
 NAMESPACES = ("billing", "shop")
 SHARED = "shared_sidecar"
 PASSWORDS = {SHARED: "shared-pw-1", "billing_sidecar": "billing-pw-2", "shop_sidecar": "shop-pw-3"}
-RUNTIME_ENV = {"SCHEDLOCK_MIGRATE": "off"}  # a runtime role has no DDL
 REPLICAS = 2
 BEFORE, DURING, AFTER = 10, 40, 10
 
