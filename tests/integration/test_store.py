@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from schedlock.core.payloads import MAX_PAYLOAD_BYTES
 from schedlock.store import (
     Completion,
     GrantRequest,
@@ -747,3 +750,36 @@ def test_upsert_many_writes_a_batch_per_transaction_and_a_bad_row_spoils_only_it
             ).fetchone()
         # p-0 alone, then count - 1 new rows (and the schedule) in batches of UPSERT_BATCH
         assert rows is not None and rows[0] == 1 + -(-count // UPSERT_BATCH)
+
+
+def test_sqlite_hands_over_a_non_utf8_payload_over_the_bound_as_that_rows_problem(
+    tmp_path: Path,
+) -> None:
+    """A payload written by hand before migration 0007's bound, over it and not UTF-8: SQLite's
+    claim and its adoption of orphans measure the stored bytes and hand the row over with its
+    problem (the leader fails that row alone), instead of failing the key's query."""
+    path = tmp_path / "poison.db"
+    garbage = (b'{"a": "' + b"\xff" * (MAX_PAYLOAD_BYTES + 1) + b'"}').hex()
+
+    async def run() -> None:
+        store = open_store(f"sqlite:///{path}")
+        await store.migrate()
+        for uid in ("claimed", "orphaned"):
+            await store.upsert_publish(spec(uid, due_in=-1))
+        with contextlib.closing(sqlite3.connect(path)) as raw, raw:
+            for trigger in ("insert", "update"):  # the bound as it was before 0007
+                raw.execute(f"DROP TRIGGER schedlock_publishes_payload_size_{trigger}")
+            raw.execute(f"UPDATE schedlock_publishes SET payload = CAST(X'{garbage}' AS TEXT)")
+        session, term = await _lead(store)
+        claimed = (await session.claim_due(term, 10)).rows
+        assert {r.uid for r in claimed} == {"claimed", "orphaned"}
+        assert all(r.payload == {} and "bytes" in (r.problem or "") for r in claimed), claimed
+        await session.complete(term, [Completion(claimed[0].id, "failed", status=None)])
+        await session.release(term)
+        session, term = await _lead(store, "b")
+        (orphan,) = await session.adopt_orphans(term)
+        assert orphan.id == claimed[1].id and orphan.payload == {} and orphan.problem
+        await session.release(term)
+        await store.close()
+
+    asyncio.run(run())

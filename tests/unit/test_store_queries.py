@@ -42,8 +42,10 @@ def test_a_part_stands_where_a_query_of_either_dialect_includes_it() -> None:
     pg, lite = queries.load("postgres"), queries.load("sqlite")
     assert not {"claimed_row_columns", "prune_terms_schedules_and_reserves"} & pg.keys()
     assert not any("-- include" in sql for sql in [*pg.values(), *lite.values()])
+    assert "octet_length(CAST(payload AS text)) AS payload_bytes" in pg["adopt_orphans"]
+    for sql in (lite["adopt_orphans"], lite["claim_due"]):
+        assert "length(CAST(payload AS BLOB)) AS payload_bytes" in sql
     for sql in (pg["adopt_orphans"], lite["adopt_orphans"], lite["claim_due"]):
-        assert "octet_length(CAST(payload AS text)) AS payload_bytes" in sql
         assert sql.rstrip().endswith("AS orphan")
     for sql in (pg["prune_terms"], lite["prune_terms"]):
         assert "FROM schedlock_reserves r" in sql and "s.state <> 'cancelled'" in sql
@@ -82,3 +84,11 @@ def test_only_postgresql_announces_row_changes(tmp_path: Path) -> None:
     dialect's name."""
     assert open_store("postgresql://app@db.invalid/app").notifies
     assert not open_store(f"sqlite:///{tmp_path / 'dev.db'}").notifies
+
+
+def test_sqlite_measures_stored_text_in_bytes_without_decoding_it() -> None:
+    """SQLite has no octet_length() before 3.43: its queries measure the stored text as a blob
+    (a Python function would decode it first and fail the whole query on a non-UTF-8 payload)."""
+    lite = queries.load("sqlite")
+    assert not [name for name, sql in lite.items() if "octet_length" in sql]
+    assert "length(CAST(s.payload AS BLOB)) <= :max_payload_bytes" in lite["insert_slot"]

@@ -20,6 +20,11 @@ _HEADER = re.compile(r"^-- (name|part): (\w+)\s*$", re.M)
 _INCLUDE = re.compile(r"^[ \t]*-- include: (\w+)[ \t]*$", re.M)
 # A ``:name`` parameter outside a string literal (``::type`` casts are not parameters).
 _PARAM = re.compile(r"'[^']*'|(?<!:):([a-z_]\w*)")
+# PostgreSQL's size of a JSON value's text, as SQLite says it of the stored text: its bytes,
+# not decoded (SQLite has octet_length() from 3.43 only, and a Python function in its place
+# would decode the text first: a payload written by hand that is not UTF-8 would fail the query
+# instead of its row).
+_SQLITE_OCTET_LENGTH = re.compile(r"\boctet_length\(CAST\(([\w.]+) AS text\)\)")
 
 
 def _parse(file: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -76,4 +81,9 @@ def load(dialect: str) -> dict[str, str]:
     own = {name: _query(body, parts, f"{dialect}.sql") for name, body in own_queries.items()}
     if both := sorted(common.keys() & own.keys()):
         raise ValueError(f"queries {both} are in both common.sql and {dialect}.sql")
-    return {**common, **own}
+    loaded = {**common, **own}
+    if dialect == "sqlite":
+        loaded = {
+            n: _SQLITE_OCTET_LENGTH.sub(r"length(CAST(\1 AS BLOB))", q) for n, q in loaded.items()
+        }
+    return loaded

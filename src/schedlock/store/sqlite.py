@@ -44,12 +44,6 @@ def _statements(name: str) -> tuple[str, ...]:
     return tuple(split_statements(queries.load("sqlite")[name] + ";"))
 
 
-def _octet_length(value: str | bytes | None) -> int | None:
-    if value is None:
-        return None
-    return len(value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value)
-
-
 def path_of(url: str) -> str:
     """``sqlite:///relative.db`` -> ``relative.db``; ``sqlite:////abs.db`` -> ``/abs.db``."""
     return url.removeprefix("sqlite:///")
@@ -93,8 +87,6 @@ class _Database:
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA busy_timeout=30000")
             conn.create_function("now", 0, lambda: self.clock)
-            # PostgreSQL's (SQLite has it from 3.43 only), for the queries both dialects share.
-            conn.create_function("octet_length", 1, _octet_length, deterministic=True)
             self._conn = conn
         return self._conn
 
