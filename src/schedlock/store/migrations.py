@@ -31,7 +31,7 @@ Two header lines, each in the leading comment block of its file, are required:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -41,7 +41,9 @@ from schedlock.store.errors import MigrationRefused
 _NAME = re.compile(r"^(\d{4})_(\w+?)(\.down)?(?:\.(postgres|sqlite))?\.sql$")
 _ADDITIVE = re.compile(r"^--\s*additive:\s*(yes|no)\b", re.I)
 _LOSES_DATA = re.compile(r"^--\s*loses data:\s*(yes|no)\b", re.I)
-_INCLUDE = re.compile(r"^[ \t]*--[ \t]*include:[ \t]*(\S+)[ \t]*$", re.M)
+# A line that stands for a text written once elsewhere: a migration's part file here, a part of
+# common.sql in the named queries (schedlock.store.queries).
+INCLUDE = re.compile(r"^[ \t]*--[ \t]*include:[ \t]*(\S+)[ \t]*$", re.M)
 # PostgreSQL DDL -> SQLite DDL, in order (a rowid alias for ids; no server-side now()).
 SQLITE_TYPES = (
     (re.compile(r"\bbigserial PRIMARY KEY\b"), "integer PRIMARY KEY AUTOINCREMENT"),
@@ -138,22 +140,27 @@ def parse(files: Mapping[str, str], dialect: str) -> tuple[Migration, ...]:
     return tuple(found)
 
 
+def included(sql: str, part: Callable[[str], str]) -> str:
+    """``sql`` with each ``-- include: NAME`` line replaced by ``part(NAME)``."""
+    return INCLUDE.sub(lambda match: part(match.group(1)), sql)
+
+
 def _included(sql: str, files: Mapping[str, str], label: str) -> str:
     """``sql`` with each ``-- include: FILE`` line replaced by FILE's text (leading comments
     left out)."""
 
-    def part(match: re.Match[str]) -> str:
-        text = files.get(match.group(1))
+    def part(name: str) -> str:
+        text = files.get(name)
         if text is None:
-            raise MigrationFilesError(f"{label} includes {match.group(1)}, which is not shipped")
-        if _INCLUDE.search(text):
-            raise MigrationFilesError(f"{label} includes {match.group(1)}, which includes more")
+            raise MigrationFilesError(f"{label} includes {name}, which is not shipped")
+        if INCLUDE.search(text):
+            raise MigrationFilesError(f"{label} includes {name}, which includes more")
         lines = text.rstrip("\n").splitlines()
         while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
             lines.pop(0)
         return "\n".join(lines)
 
-    return _INCLUDE.sub(part, sql)
+    return included(sql, part)
 
 
 def _joined(sqls: Iterable[str | None]) -> str:

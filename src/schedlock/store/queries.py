@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 
+from schedlock.store.migrations import included
+
 _HEADER = re.compile(r"^-- (name|part): (\w+)\s*$", re.M)
-_INCLUDE = re.compile(r"^[ \t]*-- include: (\w+)[ \t]*$", re.M)
 # A ``:name`` parameter outside a string literal (``::type`` casts are not parameters).
 _PARAM = re.compile(r"'[^']*'|(?<!:):([a-z_]\w*)")
 # PostgreSQL's size of a JSON value's text, as SQLite says it of the stored text: its bytes,
@@ -48,14 +49,12 @@ def _query(body: str, parts: Mapping[str, str], file: str) -> str:
     """A query's text: each ``-- include: <part>`` line replaced by the part, comments left
     out."""
 
-    def part(match: re.Match[str]) -> str:
-        if match.group(1) not in parts:
-            raise ValueError(
-                f"a query of {file} includes {match.group(1)!r}, no part of common.sql"
-            )
-        return parts[match.group(1)]
+    def part(name: str) -> str:
+        if name not in parts:
+            raise ValueError(f"a query of {file} includes {name!r}, no part of common.sql")
+        return parts[name]
 
-    lines = [line for line in _INCLUDE.sub(part, body).strip().splitlines() if not _comment(line)]
+    lines = [line for line in included(body, part).strip().splitlines() if not _comment(line)]
     return "\n".join(lines).strip().rstrip(";")
 
 
